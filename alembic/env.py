@@ -1,0 +1,55 @@
+"""Alembic environment for the inbox's own revisions (see alembic.ini).
+
+The URL comes from INBOX_DATABASE_URL (default: a SQLite file in the working directory).
+The version table is ``inbox_alembic_version``, so running these migrations against an
+application database never touches the application's own ``alembic_version``.
+"""
+
+import os
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from inbox.schema import metadata
+
+DEFAULT_URL = "sqlite:///inbox.db"
+VERSION_TABLE = "inbox_alembic_version"
+
+config = context.config
+if config.config_file_name is not None and config.attributes.get("configure_logger", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+url = config.attributes.get("url") or os.environ.get("INBOX_DATABASE_URL") or DEFAULT_URL
+target_metadata = metadata
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        version_table=VERSION_TABLE,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connectable = engine_from_config(
+        {"sqlalchemy.url": str(url)}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
+    with connectable.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            version_table=VERSION_TABLE,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

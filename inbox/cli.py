@@ -1,0 +1,139 @@
+"""Command-line adapters: parse arguments, call the library, print one line, return a code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
+
+from sqlalchemy import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from inbox.errors import InboxError
+from inbox.retention import MAX_BATCH_SIZE, cleanup, cutoff_for
+from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+
+__all__ = ["EXIT_DATABASE_ERROR", "EXIT_OK", "EXIT_USAGE", "cleanup_main"]
+
+EXIT_OK = 0
+EXIT_DATABASE_ERROR = 1
+EXIT_USAGE = 2
+DATABASE_URL_ENV = "INBOX_DATABASE_URL"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that reports errors to its caller instead of exiting the process."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _whole_number(low: int, high: int | None = None) -> type[int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse  # type: ignore[return-value]
+
+
+def _cleanup_parser() -> _Parser:
+    parser = _Parser(
+        prog="inbox-cleanup",
+        description=(
+            "Delete inbox claims processed more than --days days ago, in short batches that "
+            "can run beside live workers. The window must exceed the longest time a message "
+            "can be redelivered: a deleted claim no longer deduplicates."
+        ),
+    )
+    parser.add_argument(
+        "--days", type=_whole_number(1), required=True, help="retention window in whole days (>= 1)"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help=f"SQLAlchemy database URL (default: ${DATABASE_URL_ENV})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=_whole_number(1, MAX_BATCH_SIZE),
+        default=10_000,
+        help="rows deleted per transaction (default: 10000)",
+    )
+    parser.add_argument(
+        "--table", default=DEFAULT_TABLE_NAME, help="inbox table, NAME or SCHEMA.NAME"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="count the expired claims, delete nothing"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing on success (for cron)"
+    )
+    return parser
+
+
+def cleanup_main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run ``inbox-cleanup``; return 0 on success, 1 on a database error, 2 on bad usage."""
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    parser = _cleanup_parser()
+    try:
+        args = parser.parse_args(argv)
+        cutoff_for(args.days)
+        table = resolve_table(args.table)
+        url = _database_url(args.database_url)
+    except (_UsageError, ValueError) as exc:
+        err.write(parser.format_usage())
+        err.write(f"inbox-cleanup: error: {exc}\n")
+        return EXIT_USAGE
+    try:
+        report = cleanup(
+            url, days=args.days, batch_size=args.batch_size, dry_run=args.dry_run, table=table
+        )
+    except (SQLAlchemyError, InboxError) as exc:
+        err.write(f"inbox-cleanup: error: {_one_line(exc, url)}\n")
+        return EXIT_DATABASE_ERROR
+    if not args.quiet:
+        verb = "would delete" if report.dry_run else "deleted"
+        out.write(
+            f"inbox-cleanup: {verb} {report.deleted} claims processed before "
+            f"{report.cutoff.isoformat(timespec='seconds')} from {table.fullname} "
+            f"in {report.batches} batches, {report.seconds:.2f} s\n"
+        )
+    return EXIT_OK
+
+
+def _database_url(given: str | None) -> URL:
+    text = given if given is not None else os.environ.get(DATABASE_URL_ENV)
+    if not text:
+        raise ValueError(f"no database: pass --database-url or set {DATABASE_URL_ENV}")
+    try:
+        return make_url(text)
+    except ArgumentError:
+        raise ValueError("--database-url is not a valid SQLAlchemy URL") from None
+
+
+def _one_line(exc: BaseException, url: URL) -> str:
+    """The first line of the error, with the URL's password masked wherever it appears."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    message = text[0] if text else type(exc).__name__
+    if url.password:
+        message = message.replace(str(url.password), "***")
+    return f"{message} (database {url.render_as_string(hide_password=True)})"

@@ -1,0 +1,279 @@
+"""The Inbox: a handler registry and ``process()``, which runs each handler exactly once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar, overload
+
+from sqlalchemy import Table
+from sqlalchemy.orm import Session
+
+from inbox.claim import Claimer, claimer_for
+from inbox.errors import (
+    HandlerFailed,
+    InvalidKey,
+    RegistrationError,
+    TransactionControlError,
+    UnhandledMessage,
+)
+from inbox.message import Message, key_bytes
+from inbox.registry import (
+    HandlerFunc,
+    KeyFunc,
+    RegisteredHandler,
+    Registry,
+    default_name,
+    validate_name,
+)
+from inbox.result import Outcome, ProcessResult, Unhandled
+from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.transient import is_transient
+
+__all__ = ["Inbox"]
+
+logger = logging.getLogger(__name__)
+
+H = TypeVar("H", bound=HandlerFunc)
+
+_SESSION_CONTROL = ("commit", "rollback", "close", "reset")
+_RETRY_BASE_DELAY = 0.005
+
+
+class Inbox:
+    """A transactional inbox: register handlers, then ``process()`` each delivered message.
+
+    ``session_factory`` makes a new :class:`~sqlalchemy.orm.Session` per handler transaction
+    (a ``sessionmaker`` bound to your engine). ``table`` names the inbox table (default
+    ``inbox_message``; ``"schema.name"`` or a :class:`~sqlalchemy.Table` also work).
+    ``on_unhandled`` says what to do with a message no handler takes. ``transient_retries``
+    bounds how many times a handler transaction aborted by a deadlock, serialization failure,
+    lock timeout or lost connection is re-run before the error is reported.
+    """
+
+    def __init__(
+        self,
+        session_factory: Callable[[], Session],
+        *,
+        table: str | Table = DEFAULT_TABLE_NAME,
+        on_unhandled: Unhandled | str = Unhandled.RAISE,
+        transient_retries: int = 3,
+    ) -> None:
+        if not callable(session_factory):
+            raise TypeError(
+                "session_factory must be callable (e.g. sqlalchemy.orm.sessionmaker(engine)), "
+                f"got {type(session_factory).__name__}"
+            )
+        if isinstance(transient_retries, bool) or not isinstance(transient_retries, int):
+            raise TypeError("transient_retries must be an int")
+        if transient_retries < 0:
+            raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
+        self._session_factory = session_factory
+        self._table = resolve_table(table)
+        self._on_unhandled = Unhandled(on_unhandled)
+        self._transient_retries = transient_retries
+        self._registry = Registry()
+        self._claimers: dict[str, Claimer] = {}
+        self._guards: dict[str, dict[str, Callable[..., NoReturn]]] = {}
+
+    @property
+    def table(self) -> Table:
+        """The inbox table this inbox claims into."""
+        return self._table
+
+    @property
+    def handlers(self) -> tuple[RegisteredHandler, ...]:
+        """Every registered handler, in registration order."""
+        return tuple(self._registry)
+
+    @overload
+    def handler(self, func: H, /) -> H: ...
+
+    @overload
+    def handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Callable[[H], H]: ...
+
+    def handler(
+        self,
+        func_or_type: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Any:
+        """Register a handler. Bare ``@inbox.handler`` takes every message; called with a
+        type it takes that type only. ``name=`` pins the stored handler name (default:
+        ``module.qualname``); ``key=`` derives a business idempotency key from the message.
+
+        The decorator only registers: it returns the function unchanged.
+        """
+        if callable(func_or_type) and not isinstance(func_or_type, str):
+            return self._register(func_or_type, None, name=name, key=key)
+        message_type = func_or_type
+        if message_type is not None and (not isinstance(message_type, str) or not message_type):
+            raise RegistrationError(
+                f"handler message type must be a non-empty str or None, got {message_type!r}"
+            )
+
+        def decorate(func: H) -> H:
+            return self._register(func, message_type, name=name, key=key)
+
+        return decorate
+
+    def _register(
+        self, func: H, message_type: str | None, *, name: str | None, key: KeyFunc | None
+    ) -> H:
+        if not callable(func):
+            raise RegistrationError(f"a handler must be callable, got {type(func).__name__}")
+        if key is not None and not callable(key):
+            raise RegistrationError(f"key= must be callable, got {type(key).__name__}")
+        handler_name = validate_name(default_name(func) if name is None else name)
+        self._registry.add(RegisteredHandler(handler_name, message_type, func, key))
+        self._guards[handler_name] = _transaction_control_guards(handler_name)
+        return func
+
+    def process(self, message: Message) -> ProcessResult:
+        """Run every handler that takes ``message``, each exactly once, each in its own
+        transaction with its own claim, and return one outcome per handler.
+
+        Raises :class:`InvalidKey` (nothing ran) if a handler's key cannot be derived,
+        :class:`UnhandledMessage` if no handler takes the type (unless set to ignore), and
+        :class:`HandlerFailed` after all handlers ran if any of them failed: the failed ones
+        were rolled back, so redelivering the message re-runs only them.
+        """
+        if not isinstance(message, Message):
+            raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
+        handlers = self._registry.for_type(message.type)
+        if not handlers:
+            if self._on_unhandled is Unhandled.RAISE:
+                raise UnhandledMessage(message.id, message.type)
+            logger.info("message %s of type %r ignored: no handler", message.id, message.type)
+            return ProcessResult(message.id, {})
+        keys = [_resolve_key(h, message) for h in handlers]
+        outcomes: dict[str, Outcome] = {}
+        failures: dict[str, Exception] = {}
+        for handler, key in zip(handlers, keys, strict=True):
+            try:
+                outcomes[handler.name] = self._run_with_retries(handler, key, message)
+            except Exception as exc:
+                failures[handler.name] = exc
+                logger.warning(
+                    "handler %s failed on message %s (type %r); rolled back, claim released",
+                    handler.name,
+                    message.id,
+                    message.type,
+                    exc_info=exc,
+                )
+        result = ProcessResult(message.id, outcomes)
+        if failures:
+            raise HandlerFailed(message.id, failures, result) from next(iter(failures.values()))
+        return result
+
+    def _run_with_retries(
+        self, handler: RegisteredHandler, key: bytes, message: Message
+    ) -> Outcome:
+        attempt = 0
+        while True:
+            try:
+                return self._run_once(handler, key, message)
+            except Exception as exc:
+                if attempt >= self._transient_retries or not is_transient(exc):
+                    raise
+                attempt += 1
+                delay = _RETRY_BASE_DELAY * 2**attempt * random.uniform(0.5, 1.5)
+                logger.info(
+                    "handler %s on message %s: transient database error (%s), "
+                    "retry %d/%d in %.3f s",
+                    handler.name,
+                    message.id,
+                    type(exc).__name__,
+                    attempt,
+                    self._transient_retries,
+                    delay,
+                )
+                time.sleep(delay)
+
+    def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
+        session = self._session_factory()
+        session_type = type(session)
+        try:
+            session.begin()
+            connection = session.connection()
+            claimer = self._claimers.get(connection.dialect.name)
+            if claimer is None:
+                claimer = claimer_for(self._table, connection.dialect.name)
+                self._claimers[connection.dialect.name] = claimer
+            if not claimer(connection, key, handler.name, dt.datetime.now(dt.UTC)):
+                session_type.rollback(session)
+                logger.info(
+                    "duplicate skipped: message %s (type %r) already processed by %s",
+                    message.id,
+                    message.type,
+                    handler.name,
+                )
+                return Outcome.DUPLICATE
+            # Shadow commit/rollback/close for the handler; the inbox calls the class methods.
+            session.__dict__.update(self._guards[handler.name])
+            handler.func(message, session)
+            # The handler's effects and the claim commit together, or not at all.
+            session_type.commit(session)
+        except BaseException:
+            _rollback_quietly(session, session_type)
+            raise
+        finally:
+            session_type.close(session)
+        logger.debug("message %s (type %r) processed by %s", message.id, message.type, handler.name)
+        return Outcome.PROCESSED
+
+
+def _resolve_key(handler: RegisteredHandler, message: Message) -> bytes:
+    if handler.key is None:
+        business_key = message.idempotency_key
+        return message.id.bytes if business_key is None else key_bytes(business_key)
+    try:
+        value = handler.key(message)
+    except Exception as exc:
+        raise InvalidKey(handler.name, message.id, f"key function raised {exc!r}") from exc
+    try:
+        return key_bytes(value)
+    except ValueError as exc:
+        raise InvalidKey(handler.name, message.id, str(exc)) from None
+
+
+def _rollback_quietly(session: Session, session_type: type[Session]) -> None:
+    """Roll back after a failure without letting a failing rollback hide the failure."""
+    try:
+        session_type.rollback(session)
+    except Exception:
+        logger.exception("rollback after a failed handler transaction failed as well")
+
+
+def _transaction_control_guards(handler_name: str) -> dict[str, Callable[..., NoReturn]]:
+    """Stand-ins for the session methods that would end the inbox's transaction.
+
+    Installed as instance attributes for the handler's call, they hide the class methods
+    from the handler; the inbox itself calls ``type(session).commit(session)`` and drops
+    the session afterwards, so nothing else ever sees them.
+    """
+
+    def forbidden(method: str) -> Callable[..., NoReturn]:
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            raise TransactionControlError(
+                f"handler {handler_name!r} called session.{method}(): the inbox owns the "
+                "transaction (it commits the claim and your writes together). Use "
+                "session.flush() to send writes early, or session.begin_nested() for a "
+                "savepoint; raise an exception to roll everything back."
+            )
+
+        return refuse
+
+    return {method: forbidden(method) for method in _SESSION_CONTROL}

@@ -1,0 +1,206 @@
+"""The demo: a stream full of duplicates and failures, and a ledger that proves exactly-once.
+
+Run ``python -m inbox.demo`` (SQLite in a temporary directory by default). A producer sends
+one ``order.paid`` message per order; the "broker" redelivers some of them (same id) and the
+producer re-sends others with a fresh id but the same ``idempotency-key``. Two handlers take
+each message: ``payments.capture`` fails on its first attempt for every 7th order, and
+``loyalty.award`` never fails. Failed deliveries are retried at the back of the queue. At
+the end the ledger counts rows per order in the business tables: every order must have
+exactly one payment and one loyalty award, or the demo exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from inbox import HandlerFailed, Inbox, Message, Outcome
+from inbox.message import IDEMPOTENCY_KEY_HEADER
+from inbox.schema import inbox_table
+
+__all__ = ["Ledger", "main", "run_demo"]
+
+business = MetaData()
+payments = Table(
+    "demo_payment",
+    business,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    # Deliberately not unique: a doubled effect must show up in the ledger, not as an error.
+    Column("order_id", Integer, nullable=False, index=True),
+    Column("amount", String(20), nullable=False),
+)
+# The demo's own inbox table, so that pointing the demo at a real database touches only
+# tables whose names start with demo_.
+demo_inbox = inbox_table(business, "demo_inbox_message")
+loyalty = Table(
+    "demo_loyalty",
+    business,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("order_id", Integer, nullable=False, index=True),
+    Column("points", Integer, nullable=False),
+)
+
+
+@dataclass
+class Ledger:
+    """What the demo delivered and what the database holds at the end."""
+
+    orders: int = 0
+    deliveries: int = 0
+    redelivered_same_id: int = 0
+    resent_fresh_id: int = 0
+    handler_runs_committed: int = 0
+    duplicates_skipped: int = 0
+    failures_retried: int = 0
+    payments_committed: int = 0
+    loyalty_committed: int = 0
+    orders_paid_exactly_once: int = 0
+    orders_awarded_exactly_once: int = 0
+
+    @property
+    def exact(self) -> bool:
+        """True when every order has exactly one payment and exactly one loyalty award."""
+        return (
+            self.orders_paid_exactly_once == self.orders
+            and self.orders_awarded_exactly_once == self.orders
+            and self.payments_committed == self.orders
+            and self.loyalty_committed == self.orders
+        )
+
+
+def build_inbox(session_factory: sessionmaker[Session], fail_first: set[int]) -> Inbox:
+    """The demo's inbox: a payment handler that fails once for some orders, and loyalty."""
+    inbox = Inbox(session_factory, table=demo_inbox)
+
+    @inbox.handler("order.paid", name="payments.capture")
+    def capture(message: Message, session: Session) -> None:
+        order_id = message.body["order_id"]
+        session.execute(insert(payments).values(order_id=order_id, amount=message.body["total"]))
+        if order_id in fail_first:
+            fail_first.discard(order_id)
+            raise ConnectionError(f"payment gateway timed out for order {order_id}")
+
+    @inbox.handler("order.paid", name="loyalty.award")
+    def award(message: Message, session: Session) -> None:
+        points = int(float(message.body["total"]))
+        session.execute(insert(loyalty).values(order_id=message.body["order_id"], points=points))
+
+    return inbox
+
+
+def delivery_stream(orders: int, rng: random.Random) -> tuple[list[Message], int, int]:
+    """One message per order, plus redeliveries (same id) and producer re-sends (fresh id)."""
+    stream: list[Message] = []
+    redelivered = resent = 0
+    for order_id in range(1, orders + 1):
+        body = {"order_id": order_id, "total": f"{rng.randint(5, 500)}.{rng.randint(0, 99):02}"}
+        headers = {IDEMPOTENCY_KEY_HEADER: f"order-paid-{order_id}"}
+        original = Message.new("order.paid", body, headers)
+        stream.append(original)
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            stream.append(original)
+            redelivered += 1
+        if rng.random() < 0.25:
+            stream.append(Message.new("order.paid", body, headers))
+            resent += 1
+    rng.shuffle(stream)
+    return stream, redelivered, resent
+
+
+def run_demo(database_url: str, *, orders: int = 200, seed: int = 7) -> Ledger:
+    """Run the scenario against ``database_url`` (tables created if missing) and return the
+    ledger read back from the database."""
+    rng = random.Random(seed)
+    engine = create_engine(database_url)
+    try:
+        business.drop_all(engine)
+        business.create_all(engine)
+        fail_first = {order_id for order_id in range(1, orders + 1) if order_id % 7 == 0}
+        inbox = build_inbox(sessionmaker(engine), fail_first)
+        stream, redelivered, resent = delivery_stream(orders, rng)
+        ledger = Ledger(orders=orders, redelivered_same_id=redelivered, resent_fresh_id=resent)
+        queue = deque(stream)
+        while queue:
+            message = queue.popleft()
+            ledger.deliveries += 1
+            try:
+                outcomes = inbox.process(message).outcomes
+            except HandlerFailed as failed:
+                outcomes = failed.result.outcomes
+                ledger.failures_retried += 1
+                queue.append(message)  # the broker redelivers what was not acked
+            ledger.handler_runs_committed += sum(o is Outcome.PROCESSED for o in outcomes.values())
+            ledger.duplicates_skipped += sum(o is Outcome.DUPLICATE for o in outcomes.values())
+        with engine.connect() as connection:
+            for table, total, exact in (
+                (payments, "payments_committed", "orders_paid_exactly_once"),
+                (loyalty, "loyalty_committed", "orders_awarded_exactly_once"),
+            ):
+                per_order = (
+                    select(table.c.order_id, func.count().label("n"))
+                    .group_by(table.c.order_id)
+                    .subquery()
+                )
+                rows = connection.execute(select(per_order.c.n)).scalars().all()
+                setattr(ledger, total, sum(rows))
+                setattr(ledger, exact, sum(1 for n in rows if n == 1))
+        return ledger
+    finally:
+        engine.dispose()
+
+
+def _print_ledger(ledger: Ledger, database: str) -> None:
+    rows = [
+        ("orders (business operations)", ledger.orders),
+        ("deliveries", ledger.deliveries),
+        ("  redelivered with the same id", ledger.redelivered_same_id),
+        ("  re-sent with a fresh id, same idempotency-key", ledger.resent_fresh_id),
+        ("  retried after a handler failure", ledger.failures_retried),
+        ("handler runs committed", ledger.handler_runs_committed),
+        ("duplicates skipped", ledger.duplicates_skipped),
+        ("payments committed", ledger.payments_committed),
+        ("orders paid exactly once", ledger.orders_paid_exactly_once),
+        ("loyalty awards committed", ledger.loyalty_committed),
+        ("orders awarded exactly once", ledger.orders_awarded_exactly_once),
+    ]
+    print(f"inbox demo on {database}")
+    for label, value in rows:
+        print(f"  {label:<48} {value:>6}")
+    verdict = "EXACTLY ONCE: every effect committed once" if ledger.exact else "MISMATCH"
+    print(verdict)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo from the command line; exit 0 when the ledger is exact, else 1."""
+    parser = argparse.ArgumentParser(prog="python -m inbox.demo", description=__doc__)
+    parser.add_argument("--database-url", help="default: SQLite in a fresh temporary directory")
+    parser.add_argument("--orders", type=int, default=200, help="business operations to send")
+    parser.add_argument("--seed", type=int, default=7, help="seed for the delivery shuffle")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the inbox's log")
+    args = parser.parse_args(argv)
+    if args.orders < 1:
+        parser.error("--orders must be at least 1")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    with tempfile.TemporaryDirectory(prefix="inbox-demo-") as tmp:
+        url = args.database_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        ledger = run_demo(url, orders=args.orders, seed=args.seed)
+        shown = "SQLite (temporary file)" if args.database_url is None else "the given database"
+        _print_ledger(ledger, shown)
+    return 0 if ledger.exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The exception hierarchy: every error the library raises is an :class:`InboxError`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inbox.result import ProcessResult
+
+
+class InboxError(Exception):
+    """Root of every exception raised by the inbox library."""
+
+
+class InvalidMessage(InboxError, ValueError):
+    """A message cannot be processed as given: no id, an id that is not a UUID, a bad header."""
+
+
+class RegistrationError(InboxError, ValueError):
+    """A handler registration is invalid (duplicate name, unstable default name, bad option)."""
+
+
+class InvalidKey(InboxError):
+    """A handler's ``key=`` callable raised or returned something that is not a usable key.
+
+    Raised by :meth:`inbox.Inbox.process` before any handler runs, so a message whose key
+    cannot be derived is rejected whole: nothing of it was committed.
+    """
+
+    def __init__(self, handler: str, message_id: uuid.UUID, reason: str) -> None:
+        super().__init__(f"key for handler {handler!r} on message {message_id}: {reason}")
+        self.handler = handler
+        self.message_id = message_id
+        self.reason = reason
+
+
+class UnhandledMessage(InboxError):
+    """No registered handler takes this message's type (and the inbox is set to raise)."""
+
+    def __init__(self, message_id: uuid.UUID, message_type: str | None) -> None:
+        super().__init__(f"no handler for message {message_id} of type {message_type!r}")
+        self.message_id = message_id
+        self.message_type = message_type
+
+
+class TransactionControlError(InboxError):
+    """A handler tried to end the transaction the inbox owns (commit, rollback, close)."""
+
+
+class HandlerFailed(InboxError):
+    """One or more handlers raised; their transactions were rolled back, the others committed.
+
+    ``failures`` maps each failed handler name to its exception; ``result`` holds the outcomes
+    of the handlers that did not fail. The exception is chained from the first failure.
+    Redelivering the message runs only the failed handlers again: the others are duplicates.
+    """
+
+    def __init__(
+        self,
+        message_id: uuid.UUID,
+        failures: Mapping[str, Exception],
+        result: ProcessResult,
+    ) -> None:
+        details = "; ".join(
+            f"{name}: {type(exc).__name__}: {exc}" for name, exc in failures.items()
+        )
+        super().__init__(f"message {message_id}: {len(failures)} handler(s) failed: {details}")
+        self.message_id = message_id
+        self.failures = dict(failures)
+        self.result = result
+
+
+class UnsupportedDialect(InboxError):
+    """The database dialect has no claim statement (supported: postgresql, sqlite, mysql)."""

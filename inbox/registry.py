@@ -1,0 +1,120 @@
+"""Handler records, their stable names, and the type → handlers routing table."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from sqlalchemy.orm import Session
+
+from inbox.errors import RegistrationError
+from inbox.message import Message
+from inbox.schema import HANDLER_NAME_MAX_LENGTH
+
+__all__ = ["HandlerFunc", "KeyFunc", "RegisteredHandler", "Registry", "default_name"]
+
+HandlerFunc: TypeAlias = Callable[[Message, Session], object]
+"""A handler: called with the message and the session whose transaction holds the claim."""
+
+KeyFunc: TypeAlias = Callable[[Message], str | uuid.UUID | bytes]
+"""A business-key function: a non-empty str, a UUID, or exactly 16 bytes per message."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredHandler:
+    """A handler as registered: its stable name, the type it takes (None: all), its key."""
+
+    name: str
+    message_type: str | None
+    func: HandlerFunc
+    key: KeyFunc | None
+
+
+def default_name(func: Callable[..., Any]) -> str:
+    """Return ``module.qualname`` for ``func``, or raise if that name is not stable.
+
+    A stable name is what the claim is stored under, so it must come out the same in every
+    process and every release: lambdas, functions defined inside functions, partials and
+    callable objects do not have one and must be registered with ``name=``.
+    """
+    if isinstance(func, functools.partial):
+        raise RegistrationError(
+            "a functools.partial has no stable name: register it with name='...'"
+        )
+    target = func.__func__ if inspect.ismethod(func) else func
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not inspect.isfunction(target) or not module or not qualname:
+        raise RegistrationError(
+            f"{type(func).__name__} object {func!r} has no stable name: register it with name='...'"
+        )
+    if "<lambda>" in qualname:
+        raise RegistrationError("a lambda has no stable name: register it with name='...'")
+    if "<locals>" in qualname:
+        raise RegistrationError(
+            f"{module}.{qualname} is defined inside a function, so its name is not stable "
+            "across processes: register it with name='...'"
+        )
+    return f"{module}.{qualname}"
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it can be stored as a handler name, else raise RegistrationError."""
+    if not isinstance(name, str):
+        raise RegistrationError(f"handler name must be a str, got {type(name).__name__}")
+    if not name.strip():
+        raise RegistrationError("handler name must not be empty or blank")
+    if len(name) > HANDLER_NAME_MAX_LENGTH:
+        raise RegistrationError(
+            f"handler name is {len(name)} characters; the inbox column holds at most "
+            f"{HANDLER_NAME_MAX_LENGTH}: register it with a shorter name='...'"
+        )
+    if "\x00" in name:
+        raise RegistrationError("handler name must not contain NUL characters")
+    return name
+
+
+class Registry:
+    """The handlers of one inbox, in registration order, with a cached routing table."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, RegisteredHandler] = {}
+        self._by_type: dict[str, tuple[RegisteredHandler, ...]] = {}
+        self._catch_all: tuple[RegisteredHandler, ...] = ()
+        self._lock = threading.Lock()
+
+    def add(self, handler: RegisteredHandler) -> None:
+        """Register ``handler``; a second handler under the same name is an error."""
+        with self._lock:
+            existing = self._handlers.get(handler.name)
+            if existing is not None:
+                raise RegistrationError(
+                    f"a handler named {handler.name!r} is already registered "
+                    f"({existing.func!r}); give one of them a different name='...'"
+                )
+            self._handlers[handler.name] = handler
+            handlers = tuple(self._handlers.values())
+            # Routes are rebuilt here, once per registration, and only for registered
+            # types: message types arrive from outside and must not grow a cache.
+            types = {h.message_type for h in handlers if h.message_type is not None}
+            self._by_type = {
+                t: tuple(h for h in handlers if h.message_type in (None, t)) for t in types
+            }
+            self._catch_all = tuple(h for h in handlers if h.message_type is None)
+
+    def for_type(self, message_type: str | None) -> tuple[RegisteredHandler, ...]:
+        """The handlers that take ``message_type``: its own plus the catch-alls, in order."""
+        if message_type is None:
+            return self._catch_all
+        return self._by_type.get(message_type, self._catch_all)
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def __iter__(self) -> Iterator[RegisteredHandler]:
+        return iter(tuple(self._handlers.values()))

@@ -1,0 +1,123 @@
+"""The inbox table, defined once in SQLAlchemy metadata; the alembic revision creates exactly it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from typing import Any, Final
+
+from sqlalchemy import Column, DateTime, Dialect, Index, LargeBinary, MetaData, String, Table
+from sqlalchemy.dialects import mysql
+from sqlalchemy.types import TypeDecorator
+
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "HANDLER_NAME_MAX_LENGTH",
+    "BinaryUUID",
+    "UTCDateTime",
+    "inbox_message",
+    "inbox_table",
+    "metadata",
+    "resolve_table",
+]
+
+DEFAULT_TABLE_NAME: Final = "inbox_message"
+HANDLER_NAME_MAX_LENGTH: Final = 255
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+class BinaryUUID(TypeDecorator[uuid.UUID]):
+    """A UUID stored as its 16 raw bytes: ``BYTEA``, ``BINARY(16)`` or ``BLOB`` by dialect.
+
+    Binds a :class:`uuid.UUID` or exactly 16 bytes (a derived business key); reads a UUID.
+    """
+
+    impl = LargeBinary(16).with_variant(mysql.BINARY(16), "mysql", "mariadb")
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> bytes | None:
+        """Turn a UUID (or 16 bytes, passed through) into the stored 16 bytes."""
+        if value is None or isinstance(value, bytes):
+            return value
+        if isinstance(value, uuid.UUID):
+            return value.bytes
+        raise TypeError(f"BinaryUUID binds a UUID or 16 bytes, got {type(value).__name__}")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> uuid.UUID | None:
+        """Turn the stored 16 bytes back into a UUID."""
+        return None if value is None else uuid.UUID(bytes=bytes(value))
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC timestamp on every dialect.
+
+    PostgreSQL stores ``TIMESTAMP WITH TIME ZONE``. MySQL/MariaDB and SQLite have no
+    zone-aware type, so the value is stored as naive UTC (``DATETIME(6)`` on MySQL, so
+    microseconds survive) and read back with ``tzinfo=UTC``. Naive datetimes are refused on
+    bind: guessing their zone is how retention windows silently shift by hours.
+    """
+
+    impl = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        """Normalise an aware datetime to UTC (naive UTC where the dialect has no zones)."""
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime) or value.tzinfo is None:
+            raise TypeError("UTCDateTime binds a timezone-aware datetime")
+        utc: dt.datetime = value.astimezone(dt.UTC)
+        return utc if dialect.name == "postgresql" else utc.replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        """Return the stored time as an aware UTC datetime."""
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime):
+            raise TypeError(f"expected a datetime from the driver, got {type(value).__name__}")
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+def inbox_table(
+    metadata: MetaData, name: str = DEFAULT_TABLE_NAME, *, schema: str | None = None
+) -> Table:
+    """Define the inbox table on ``metadata`` under ``name`` (and optional ``schema``).
+
+    Use this to put the inbox table into your own metadata, e.g. with another name.
+    ``name`` and ``schema`` must be plain identifiers (letters, digits, underscores).
+    """
+    for label, value in (("table name", name), ("schema", schema)):
+        if value is not None and not _IDENTIFIER.fullmatch(value):
+            raise ValueError(
+                f"inbox {label} must be a plain identifier (letters, digits, underscore; "
+                f"at most 63 characters), got {value!r}"
+            )
+    return Table(
+        name,
+        metadata,
+        Column("message_id", BinaryUUID(), primary_key=True),
+        Column("handler", String(HANDLER_NAME_MAX_LENGTH), primary_key=True),
+        Column("processed_at", UTCDateTime(), nullable=False),
+        Index(f"ix_{name}_processed_at", "processed_at"),
+        schema=schema,
+    )
+
+
+def resolve_table(table: str | Table) -> Table:
+    """Return ``table`` itself, or the inbox table named by ``"name"`` or ``"schema.name"``."""
+    if isinstance(table, Table):
+        return table
+    if not isinstance(table, str):
+        raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
+    schema, _, name = table.rpartition(".")
+    return inbox_table(MetaData(), name, schema=schema or None)
+
+
+metadata: Final = MetaData()
+"""The metadata holding the default inbox table; include it in your autogenerate target."""
+
+inbox_message: Final = inbox_table(metadata)
+"""The default inbox table, ``inbox_message``."""

@@ -24,6 +24,11 @@ url = config.attributes.get("url") or os.environ.get("INBOX_DATABASE_URL") or DE
 target_metadata = metadata
 
 
+def only_inbox_tables(name: str | None, type_: str, parent_names: object) -> bool:
+    """Autogenerate looks at the inbox's tables only, never at the application's."""
+    return type_ != "table" or name in target_metadata.tables
+
+
 def run_migrations_offline() -> None:
     context.configure(
         url=url,
@@ -44,6 +49,7 @@ def run_migrations_online() -> None:
             connection=connection,
             target_metadata=target_metadata,
             version_table=VERSION_TABLE,
+            include_name=only_inbox_tables,
         )
         with context.begin_transaction():
             context.run_migrations()

@@ -114,7 +114,7 @@ def fresh_database(backend: str, admin: dict[str, Engine], tmp_path: Path) -> It
                     connection.execute(text(f"CREATE SCHEMA {name}"))
                 else:
                     connection.execute(text(f"CREATE DATABASE {name}"))
-        except Exception as exc:  # noqa: BLE001 - any failure to reach the server
+        except Exception as exc:
             unreachable(backend, exc)
         base = make_url(POSTGRES_URL if backend == "postgresql" else MARIADB_URL)
         if backend == "postgresql":

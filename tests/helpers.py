@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from conftest import effects
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from conftest import effects
 from inbox import Inbox, Message
 
 

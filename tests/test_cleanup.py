@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import Database
 from sqlalchemy import create_engine, insert, select
 
-from conftest import Database
 from inbox import cleanup
 from inbox.cli import cleanup_main
 from inbox.schema import inbox_message, metadata

@@ -131,9 +131,12 @@ def test_string_keys_map_through_the_published_namespace() -> None:
     # Pinned: producers in other languages compute these bytes; they must never change.
     assert uuid.UUID("8aab2b60-68a4-4999-8d5c-14d0fb80cbe2") == KEY_NAMESPACE
     assert key_bytes("order-created-42") == uuid.uuid5(KEY_NAMESPACE, "order-created-42").bytes
-    assert key_bytes("order-created-42").hex() == uuid.uuid5(
-        uuid.UUID("8aab2b60-68a4-4999-8d5c-14d0fb80cbe2"), "order-created-42"
-    ).bytes.hex()
+    assert (
+        key_bytes("order-created-42").hex()
+        == uuid.uuid5(
+            uuid.UUID("8aab2b60-68a4-4999-8d5c-14d0fb80cbe2"), "order-created-42"
+        ).bytes.hex()
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import logging
 import uuid
 
 import pytest
+from conftest import Database, effects
+from helpers import Recorder, order, record_effect
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from conftest import Database, effects
-from helpers import Recorder, order, record_effect
 from inbox import (
     HandlerFailed,
     Inbox,
@@ -28,7 +28,9 @@ from inbox.schema import inbox_message
 def claims(db: Database) -> list[tuple[uuid.UUID, str, dt.datetime]]:
     with db.engine.connect() as connection:
         rows = connection.execute(
-            select(inbox_message.c.message_id, inbox_message.c.handler, inbox_message.c.processed_at)
+            select(
+                inbox_message.c.message_id, inbox_message.c.handler, inbox_message.c.processed_at
+            )
         )
         return [(m, h, p) for m, h, p in rows]
 

@@ -136,5 +136,5 @@ def test_constructor_validates_its_options() -> None:
 
 def test_process_rejects_what_is_not_a_message(inbox: Inbox) -> None:
     inbox.handler(module_level)
-    with pytest.raises(TypeError, match="inbox.Message"):
+    with pytest.raises(TypeError, match=r"inbox\.Message"):
         inbox.process({"id": "x"})  # type: ignore[arg-type]

@@ -32,10 +32,15 @@ def claimer_for(table: Table, dialect_name: str) -> Claimer:
     finds the row (duplicate); if we roll back, its insert goes through and it runs the
     handler. There is no window between a check and an insert because there is no check.
     """
+    # The conflict target is the claim key itself: a violation of any other constraint on
+    # the table is an error, never mistaken for a duplicate.
+    key = [table.c.message_id, table.c.handler]
     if dialect_name == "postgresql":
-        return _rowcount_claimer(postgresql.insert(table).on_conflict_do_nothing())
+        return _rowcount_claimer(
+            postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
+        )
     if dialect_name == "sqlite":
-        return _rowcount_claimer(sqlite.insert(table).on_conflict_do_nothing())
+        return _rowcount_claimer(sqlite.insert(table).on_conflict_do_nothing(index_elements=key))
     if dialect_name in ("mysql", "mariadb"):
         return _mysql_claimer(table)
     raise UnsupportedDialect(

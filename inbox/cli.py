@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
 from sqlalchemy import URL, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError
 
-from inbox.errors import InboxError
 from inbox.retention import MAX_BATCH_SIZE, cleanup, cutoff_for
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
 
@@ -21,6 +20,7 @@ EXIT_OK = 0
 EXIT_DATABASE_ERROR = 1
 EXIT_USAGE = 2
 DATABASE_URL_ENV = "INBOX_DATABASE_URL"
+_SECRET_QUERY_WORDS = ("password", "passwd", "pwd", "secret", "token", "key")
 
 
 class _UsageError(Exception):
@@ -106,7 +106,7 @@ def cleanup_main(
         report = cleanup(
             url, days=args.days, batch_size=args.batch_size, dry_run=args.dry_run, table=table
         )
-    except (SQLAlchemyError, InboxError) as exc:
+    except Exception as exc:  # the CLI edge: one line, never a traceback
         err.write(f"inbox-cleanup: error: {_one_line(exc, url)}\n")
         return EXIT_DATABASE_ERROR
     if not args.quiet:
@@ -130,10 +130,18 @@ def _database_url(given: str | None) -> URL:
 
 
 def _one_line(exc: BaseException, url: URL) -> str:
-    """The first line of the error, with the URL's password masked wherever it appears."""
+    """The first line of the error, with every secret of the URL masked wherever it appears."""
     orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip().splitlines()
-    message = text[0] if text else type(exc).__name__
-    if url.password:
-        message = message.replace(str(url.password), "***")
-    return f"{message} (database {url.render_as_string(hide_password=True)})"
+    lines = str(orig if orig is not None else exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    secrets = [str(url.password)] if url.password else []
+    query = dict(url.query)
+    for name, value in url.query.items():
+        if any(word in name.lower() for word in _SECRET_QUERY_WORDS):
+            values = [value] if isinstance(value, str) else list(value)
+            secrets.extend(v for v in values if v)
+            query[name] = "***"
+    line = f"{message} (database {url.set(query=query).render_as_string(hide_password=True)})"
+    for secret in sorted(secrets, key=len, reverse=True):
+        line = line.replace(secret, "***")
+    return line.replace("%2A%2A%2A", "***")

@@ -6,10 +6,10 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar, overload
 
-from sqlalchemy import Table
+from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
 from inbox.claim import Claimer, claimer_for
@@ -17,7 +17,6 @@ from inbox.errors import (
     HandlerFailed,
     InvalidKey,
     RegistrationError,
-    TransactionControlError,
     UnhandledMessage,
 )
 from inbox.message import Message, key_bytes
@@ -31,6 +30,13 @@ from inbox.registry import (
 )
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.transaction import (
+    begin_claim_transaction,
+    ensure_committable,
+    guard_session,
+    transaction_guards,
+    unguard_session,
+)
 from inbox.transient import is_transient
 
 __all__ = ["Inbox"]
@@ -39,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound=HandlerFunc)
 
-_SESSION_CONTROL = ("commit", "rollback", "close", "reset")
 _RETRY_BASE_DELAY = 0.005
 
 
@@ -73,11 +78,13 @@ class Inbox:
             raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
         self._session_factory = session_factory
         self._table = resolve_table(table)
+        # What the session's get_bind() sees, so that binds={inbox_table: engine} route it.
+        self._bind_clause = self._table.insert()
         self._on_unhandled = Unhandled(on_unhandled)
         self._transient_retries = transient_retries
         self._registry = Registry()
         self._claimers: dict[str, Claimer] = {}
-        self._guards: dict[str, dict[str, Callable[..., NoReturn]]] = {}
+        self._guards: dict[str, Mapping[str, Callable[..., NoReturn]]] = {}
 
     @property
     def table(self) -> Table:
@@ -138,7 +145,7 @@ class Inbox:
             raise RegistrationError(f"key= must be callable, got {type(key).__name__}")
         handler_name = validate_name(default_name(func) if name is None else name)
         self._registry.add(RegisteredHandler(handler_name, message_type, func, key))
-        self._guards[handler_name] = _transaction_control_guards(handler_name)
+        self._guards[handler_name] = transaction_guards(handler_name)
         return func
 
     def process(self, message: Message) -> ProcessResult:
@@ -206,13 +213,8 @@ class Inbox:
         session = self._session_factory()
         session_type = type(session)
         try:
-            session.begin()
-            connection = session.connection()
-            claimer = self._claimers.get(connection.dialect.name)
-            if claimer is None:
-                claimer = claimer_for(self._table, connection.dialect.name)
-                self._claimers[connection.dialect.name] = claimer
-            if not claimer(connection, key, handler.name, dt.datetime.now(dt.UTC)):
+            transaction, connection = begin_claim_transaction(session, self._bind_clause)
+            if not self._claimer(connection)(connection, key, handler.name, _now()):
                 session_type.rollback(session)
                 logger.info(
                     "duplicate skipped: message %s (type %r) already processed by %s",
@@ -221,9 +223,12 @@ class Inbox:
                     handler.name,
                 )
                 return Outcome.DUPLICATE
-            # Shadow commit/rollback/close for the handler; the inbox calls the class methods.
-            session.__dict__.update(self._guards[handler.name])
-            handler.func(message, session)
+            guard_session(session, self._guards[handler.name])
+            try:
+                handler.func(message, session)
+            finally:
+                unguard_session(session)
+            ensure_committable(session, transaction, connection, handler.name)
             # The handler's effects and the claim commit together, or not at all.
             session_type.commit(session)
         except BaseException:
@@ -233,6 +238,17 @@ class Inbox:
             session_type.close(session)
         logger.debug("message %s (type %r) processed by %s", message.id, message.type, handler.name)
         return Outcome.PROCESSED
+
+    def _claimer(self, connection: Connection) -> Claimer:
+        claimer = self._claimers.get(connection.dialect.name)
+        if claimer is None:
+            claimer = claimer_for(self._table, connection.dialect.name)
+            self._claimers[connection.dialect.name] = claimer
+        return claimer
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 def _resolve_key(handler: RegisteredHandler, message: Message) -> bytes:
@@ -255,25 +271,3 @@ def _rollback_quietly(session: Session, session_type: type[Session]) -> None:
         session_type.rollback(session)
     except Exception:
         logger.exception("rollback after a failed handler transaction failed as well")
-
-
-def _transaction_control_guards(handler_name: str) -> dict[str, Callable[..., NoReturn]]:
-    """Stand-ins for the session methods that would end the inbox's transaction.
-
-    Installed as instance attributes for the handler's call, they hide the class methods
-    from the handler; the inbox itself calls ``type(session).commit(session)`` and drops
-    the session afterwards, so nothing else ever sees them.
-    """
-
-    def forbidden(method: str) -> Callable[..., NoReturn]:
-        def refuse(*args: object, **kwargs: object) -> NoReturn:
-            raise TransactionControlError(
-                f"handler {handler_name!r} called session.{method}(): the inbox owns the "
-                "transaction (it commits the claim and your writes together). Use "
-                "session.flush() to send writes early, or session.begin_nested() for a "
-                "savepoint; raise an exception to roll everything back."
-            )
-
-        return refuse
-
-    return {method: forbidden(method) for method in _SESSION_CONTROL}

@@ -49,6 +49,10 @@ class TransactionControlError(InboxError):
     """A handler tried to end the transaction the inbox owns (commit, rollback, close)."""
 
 
+class SessionConfigurationError(InboxError):
+    """The session factory gives sessions whose transaction the inbox cannot own."""
+
+
 class HandlerFailed(InboxError):
     """One or more handlers raised; their transactions were rolled back, the others committed.
 

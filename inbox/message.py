@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -138,6 +138,10 @@ class Message:
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "body", body)
         object.__setattr__(self, "headers", frozen_headers)
+
+    def __reduce__(self) -> tuple[Callable[..., Message], tuple[Any, ...]]:
+        # Picklable (for process pools) although headers are a read-only mapping proxy.
+        return (Message, (self.id, self.type, self.body, dict(self.headers)))
 
     @classmethod
     def new(

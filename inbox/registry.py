@@ -69,6 +69,9 @@ def validate_name(name: object) -> str:
         raise RegistrationError(f"handler name must be a str, got {type(name).__name__}")
     if not name.strip():
         raise RegistrationError("handler name must not be empty or blank")
+    if name != name.strip():
+        # MySQL/MariaDB compare "x" and "x " as equal: two such names would share claims.
+        raise RegistrationError(f"handler name {name!r} has leading or trailing whitespace")
     if len(name) > HANDLER_NAME_MAX_LENGTH:
         raise RegistrationError(
             f"handler name is {len(name)} characters; the inbox column holds at most "

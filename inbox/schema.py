@@ -81,6 +81,18 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
+def _handler_name_type() -> String:
+    # MySQL/MariaDB compare VARCHARs with the server's collation, usually case- and
+    # accent-insensitive: "billing.Charge" and "billing.charge" would share one claim, and
+    # the second handler would never run. A binary collation compares exact characters.
+    # (Trailing spaces still compare equal under PAD SPACE; names with them are refused.)
+    return String(HANDLER_NAME_MAX_LENGTH).with_variant(
+        mysql.VARCHAR(HANDLER_NAME_MAX_LENGTH, charset="utf8mb4", collation="utf8mb4_bin"),
+        "mysql",
+        "mariadb",
+    )
+
+
 def inbox_table(
     metadata: MetaData, name: str = DEFAULT_TABLE_NAME, *, schema: str | None = None
 ) -> Table:
@@ -99,7 +111,7 @@ def inbox_table(
         name,
         metadata,
         Column("message_id", BinaryUUID(), primary_key=True),
-        Column("handler", String(HANDLER_NAME_MAX_LENGTH), primary_key=True),
+        Column("handler", _handler_name_type(), primary_key=True),
         Column("processed_at", UTCDateTime(), nullable=False),
         Index(f"ix_{name}_processed_at", "processed_at"),
         schema=schema,
@@ -112,6 +124,8 @@ def resolve_table(table: str | Table) -> Table:
         return table
     if not isinstance(table, str):
         raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
+    if table == DEFAULT_TABLE_NAME:
+        return inbox_message
     schema, _, name = table.rpartition(".")
     return inbox_table(MetaData(), name, schema=schema or None)
 

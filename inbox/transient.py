@@ -8,8 +8,8 @@ from sqlalchemy.exc import DBAPIError
 
 __all__ = ["is_transient"]
 
-# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available.
-_POSTGRES_TRANSIENT: Final = frozenset({"40001", "40P01", "55P03"})
+# SQLSTATEs: serialization_failure, deadlock_detected (PostgreSQL), lock_not_available.
+_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03"})
 # MySQL/MariaDB error numbers: lock wait timeout, deadlock.
 _MYSQL_TRANSIENT: Final = frozenset({1205, 1213})
 # SQLite result codes: SQLITE_BUSY, SQLITE_LOCKED.
@@ -39,9 +39,10 @@ def _is_transient_dbapi_error(exc: DBAPIError) -> bool:
     if exc.connection_invalidated:
         return True
     orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate in _POSTGRES_TRANSIENT
+    # PyMySQL sets a SQLSTATE too (often the generic HY000), so a non-matching SQLSTATE does
+    # not end the search: the MySQL error number below may still say "lock wait timeout".
+    if getattr(orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+        return True
     sqlite_code = getattr(orig, "sqlite_errorcode", None)
     if isinstance(sqlite_code, int):
         return sqlite_code & 0xFF in _SQLITE_TRANSIENT

@@ -156,3 +156,9 @@ def server_db(
 def pg_db(admin_engines: dict[str, Engine], tmp_path: Path) -> Iterator[Database]:
     """A fresh PostgreSQL schema."""
     yield from fresh_database("postgresql", admin_engines, tmp_path)
+
+
+@pytest.fixture
+def mariadb_db(admin_engines: dict[str, Engine], tmp_path: Path) -> Iterator[Database]:
+    """A fresh MariaDB database."""
+    yield from fresh_database("mariadb", admin_engines, tmp_path)

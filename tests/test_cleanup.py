@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import Database
+from conftest import POSTGRES_URL, Database
 from sqlalchemy import create_engine, insert, select
 
 from inbox import cleanup
@@ -210,6 +210,33 @@ def test_cli_unreachable_database_exits_1_without_showing_the_password() -> None
     assert len(err.strip().splitlines()) == 1
     assert "s3cr3t-pw" not in err
     assert "***" in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # trust auth ignores the password; the database named like it makes the server's
+        # error message repeat it, so the masking of the message itself is exercised.
+        POSTGRES_URL.replace("postgres@", "postgres:hunter2pw@").rsplit("/", 1)[0] + "/hunter2pw",
+        POSTGRES_URL.rsplit("/", 1)[0] + "/hunter2pw?password=hunter2pw",
+    ],
+    ids=["in-userinfo", "in-query"],
+)
+def test_cli_masks_the_password_even_where_the_server_repeats_it(url: str) -> None:
+    code, out, err = run_cli("--days", "30", "--database-url", url)
+    assert code == 1
+    assert out == ""
+    assert "hunter2pw" not in err
+    assert "***" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_reports_a_missing_driver_in_one_line() -> None:
+    code, _, err = run_cli("--days", "30", "--database-url", "mssql+pymssql://u:pw@host/db")
+    assert code == 1
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert ":pw@" not in err
 
 
 def test_cli_missing_table_exits_1(tmp_path: Path) -> None:

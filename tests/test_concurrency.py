@@ -19,6 +19,7 @@ from helpers import Recorder, order, record_effect
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+import inbox
 from inbox import HandlerFailed, Inbox, Message, Outcome
 
 MESSAGES = 100
@@ -55,7 +56,9 @@ def test_four_processes_deliver_the_same_messages_each_effect_commits_once(
 ) -> None:
     ids = [str(order(i).id) for i in range(MESSAGES)]
     script = Path(__file__).with_name("concurrent_worker.py")
-    env = {**os.environ, "PYTHONPATH": str(script.parent)}
+    # The workers import the inbox under test (this checkout) and the tests' helpers.
+    package_root = Path(inbox.__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_root), str(script.parent)])}
     start_at = time.time() + 3.0
     workers = [
         subprocess.Popen(

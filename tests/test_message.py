@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 import uuid
 from typing import Any
@@ -152,3 +153,10 @@ def test_bad_keys_are_rejected(value: Any, fragment: str) -> None:
 def test_every_non_empty_string_key_maps_to_16_bytes_deterministically(value: str) -> None:
     assert key_bytes(value) == key_bytes(value)
     assert len(key_bytes(value)) == 16
+
+
+def test_messages_pickle_for_process_pools() -> None:
+    message = Message(id=SAMPLE, type="t", body={"a": [1, 2]}, headers={"idempotency-key": "k"})
+    copy = pickle.loads(pickle.dumps(message))
+    assert copy == message
+    assert copy.idempotency_key == "k"

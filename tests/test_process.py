@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 
 import pytest
 from conftest import Database, effects
 from helpers import Recorder, order, record_effect
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Index, MetaData, create_engine, func, select, text, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from inbox import (
     HandlerFailed,
@@ -18,11 +21,12 @@ from inbox import (
     InvalidKey,
     Message,
     Outcome,
+    SessionConfigurationError,
     TransactionControlError,
     UnhandledMessage,
 )
 from inbox.message import KEY_NAMESPACE
-from inbox.schema import inbox_message
+from inbox.schema import inbox_message, inbox_table
 
 
 def claims(db: Database) -> list[tuple[uuid.UUID, str, dt.datetime]]:
@@ -334,3 +338,149 @@ def test_effects_written_through_the_orm_commit_with_the_claim(db: Database) -> 
 
     inbox.process(order(1))
     assert db.effect_counts() == {("1", "orm.writer"): 1}
+
+
+def test_handler_names_differing_in_case_or_accents_are_distinct_claims(db: Database) -> None:
+    recorder = Recorder(Inbox(db.sessions))
+    names = ("billing.charge", "billing.Charge", "café.notify", "cafe.notify")
+    for name in names:
+        recorder.add(name)
+
+    result = recorder.inbox.process(order(1))
+
+    assert result.processed == names
+    assert {h for _, h, _ in claims(db)} == set(names)
+
+
+def test_a_violation_of_another_unique_constraint_is_an_error_not_a_duplicate(
+    db: Database,
+) -> None:
+    custom = inbox_table(MetaData(), "strict_inbox")
+    Index("ux_strict_inbox_handler", custom.c.handler, unique=True)
+    custom.create(db.engine)
+    recorder = Recorder(Inbox(db.sessions, table=custom))
+    recorder.add("billing.charge")
+    recorder.inbox.process(order(1))
+
+    with pytest.raises(HandlerFailed) as failed:
+        recorder.inbox.process(order(2))
+
+    assert isinstance(failed.value.failures["billing.charge"], IntegrityError)
+    assert recorder.calls["billing.charge"] == 1
+    assert db.effect_counts() == {("1", "billing.charge"): 1}
+
+
+def test_a_swallowed_database_error_never_reports_uncommitted_work_as_processed(
+    db: Database,
+) -> None:
+    """On PostgreSQL a failed statement aborts the whole transaction and COMMIT silently
+    rolls back: the inbox must report a failure. Elsewhere only the statement is undone and
+    the rest commits. Either way the reported outcome matches what is in the database."""
+    inbox = Inbox(db.sessions)
+    swallow = [True]
+
+    @inbox.handler("order.created", name="sloppy")
+    def sloppy(message: Message, session: Session) -> None:
+        record_effect(message, session, "sloppy")
+        if swallow[0]:
+            with contextlib.suppress(DBAPIError):
+                session.execute(
+                    text("INSERT INTO effects (id, ref, handler) VALUES (NULL, NULL, NULL)")
+                )
+
+    message = order(1)
+    if db.backend == "postgresql":
+        with pytest.raises(HandlerFailed) as failed:
+            inbox.process(message)
+        assert isinstance(failed.value.failures["sloppy"], TransactionControlError)
+        assert claims(db) == []
+        assert db.effect_counts() == {}
+        swallow[0] = False
+        assert inbox.process(message).outcome is Outcome.PROCESSED
+    else:
+        assert inbox.process(message).outcome is Outcome.PROCESSED
+    assert len(claims(db)) == 1
+    assert db.effect_counts() == {("1", "sloppy"): 1}
+
+
+def test_a_handler_committing_behind_the_guards_is_reported(db: Database) -> None:
+    inbox = Inbox(db.sessions)
+
+    @inbox.handler("order.created", name="sneaky")
+    def sneaky(message: Message, session: Session) -> None:
+        transaction = session.get_transaction()
+        assert transaction is not None
+        transaction.commit()
+
+    with pytest.raises(HandlerFailed) as failed:
+        inbox.process(order(1))
+    assert isinstance(failed.value.failures["sneaky"], TransactionControlError)
+    assert "ended the inbox's transaction" in str(failed.value.failures["sneaky"])
+
+
+def test_sessions_the_inbox_cannot_own_are_refused_before_writing(db: Database) -> None:
+    autocommit = create_engine(db.url, isolation_level="AUTOCOMMIT")
+    busy = db.sessions()
+    busy.begin()
+    try:
+        with db.engine.connect() as outer:
+            outer.begin()
+            factories: dict[str, Callable[[], Session]] = {
+                "already in a transaction": lambda: busy,
+                "bound to a Connection": sessionmaker(outer),
+                "AUTOCOMMIT": sessionmaker(autocommit),
+            }
+            for fragment, factory in factories.items():
+                recorder = Recorder(Inbox(factory))
+                recorder.add("billing.charge")
+                with pytest.raises(HandlerFailed) as failed:
+                    recorder.inbox.process(order(1))
+                error = failed.value.failures["billing.charge"]
+                assert isinstance(error, SessionConfigurationError)
+                assert fragment in str(error)
+                assert recorder.calls == {}
+            outer.rollback()
+    finally:
+        busy.rollback()
+        busy.close()
+        autocommit.dispose()
+    assert claims(db) == []
+
+
+def test_a_connection_bound_session_with_savepoints_works_inside_an_outer_transaction(
+    db: Database,
+) -> None:
+    """The test-suite pattern: everything inside one outer transaction, rolled back at the
+    end; each handler transaction is a savepoint."""
+    with db.engine.connect() as outer:
+        outer.begin()
+        sessions = sessionmaker(outer, join_transaction_mode="create_savepoint")
+        recorder = Recorder(Inbox(sessions))
+        recorder.add("billing.charge")
+        recorder.fail["billing.charge"] = 1
+        message = order(1)
+        with pytest.raises(HandlerFailed):
+            recorder.inbox.process(message)
+        assert recorder.inbox.process(message).outcome is Outcome.PROCESSED
+        assert recorder.inbox.process(message).outcome is Outcome.DUPLICATE
+        rows = outer.execute(select(func.count()).select_from(effects)).scalar_one()
+        assert rows == 1
+        outer.rollback()
+    assert claims(db) == []
+
+
+def test_scoped_sessions_and_multi_bind_sessions_work(db: Database) -> None:
+    scoped = scoped_session(db.sessions)
+    multi = sessionmaker(binds={inbox_message: db.engine, effects: db.engine})
+    for factory in (scoped, multi):
+        recorder = Recorder(Inbox(factory))
+        recorder.add("billing.charge")
+        message = order(id(factory))
+        assert recorder.inbox.process(message).outcome is Outcome.PROCESSED
+        assert recorder.inbox.process(message).outcome is Outcome.DUPLICATE
+    # The guards do not outlive the handler call on the thread's session.
+    session = scoped()
+    session.commit()
+    session.close()
+    scoped.remove()
+    assert len(claims(db)) == 2

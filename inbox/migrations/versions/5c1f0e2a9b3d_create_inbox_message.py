@@ -28,7 +28,13 @@ def upgrade() -> None:
             sa.LargeBinary(16).with_variant(mysql.BINARY(16), "mysql", "mariadb"),
             nullable=False,
         ),
-        sa.Column("handler", sa.String(255), nullable=False),
+        sa.Column(
+            "handler",
+            sa.String(255).with_variant(
+                mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+            ),
+            nullable=False,
+        ),
         sa.Column(
             "processed_at",
             sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"),

@@ -1,0 +1,130 @@
+"""The handler transaction: refuse sessions the inbox cannot own, keep handlers from ending
+it, and refuse to report PROCESSED for a transaction that will not commit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final, NoReturn
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session, SessionTransaction
+from sqlalchemy.sql import ClauseElement
+
+from inbox.errors import SessionConfigurationError, TransactionControlError
+
+__all__ = [
+    "begin_claim_transaction",
+    "ensure_committable",
+    "guard_session",
+    "transaction_guards",
+    "unguard_session",
+]
+
+_SESSION_CONTROL: Final = ("commit", "rollback", "close", "reset")
+
+
+def begin_claim_transaction(
+    session: Session, claim_statement: ClauseElement
+) -> tuple[SessionTransaction, Connection]:
+    """Begin the session's transaction and return it with the connection the claim uses.
+
+    Refuses, before anything is written, a session the inbox cannot own: one already in a
+    transaction (its pending work is not ours to commit or roll back), one that joins a
+    transaction of an outer ``Connection`` (the inbox's rollback of a duplicate would roll
+    that back too), and one in autocommit mode (the claim would commit on its own, so a
+    failing handler would leave it behind and its message would never run again).
+    """
+    if session.in_transaction():
+        raise SessionConfigurationError(
+            "session_factory returned a session that is already in a transaction; the inbox "
+            "needs a fresh session per handler (e.g. sessionmaker(engine))"
+        )
+    bind = session.get_bind(clause=claim_statement)
+    if isinstance(bind, Connection) and session.join_transaction_mode != "create_savepoint":
+        raise SessionConfigurationError(
+            "the session is bound to a Connection: the inbox must own the transaction. Bind "
+            "the sessionmaker to an Engine, or use join_transaction_mode='create_savepoint'"
+        )
+    transaction = session.begin()
+    connection = session.connection(bind_arguments={"bind": bind})
+    if _autocommits(connection):
+        raise SessionConfigurationError(
+            "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
+            "the handler's writes. Use an engine without isolation_level='AUTOCOMMIT'"
+        )
+    return transaction, connection
+
+
+def _autocommits(connection: Connection) -> bool:
+    """Whether the driver connection commits every statement itself (read client-side)."""
+    if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    driver = connection.connection.dbapi_connection
+    if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
+        return True
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        return getattr(driver, "isolation_level", "") is None
+    if dialect in ("mysql", "mariadb"):
+        get_autocommit = getattr(driver, "get_autocommit", None)
+        return bool(get_autocommit()) if callable(get_autocommit) else False
+    return False
+
+
+def ensure_committable(
+    session: Session, transaction: SessionTransaction, connection: Connection, handler: str
+) -> None:
+    """Raise unless ``transaction`` is still the session's live transaction, able to commit.
+
+    Catches a handler that ended the transaction behind the guards (``get_transaction()
+    .commit()``, ``connection().commit()``) and, on PostgreSQL, a handler that swallowed a
+    database error: the server has aborted the transaction, and its COMMIT would silently
+    roll back while the inbox reported the message as processed.
+    """
+    if session.get_transaction() is not transaction or not transaction.is_active:
+        raise TransactionControlError(
+            f"handler {handler!r} ended the inbox's transaction; writes it made before that "
+            "may have been committed without the rest. Never end the session's transaction "
+            "in a handler."
+        )
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    status = getattr(info, "transaction_status", None)
+    if getattr(status, "name", None) == "INERROR":
+        raise TransactionControlError(
+            f"handler {handler!r} returned normally, but a statement in its transaction "
+            "failed and PostgreSQL aborted the transaction (was a database error caught and "
+            "ignored?); nothing was committed. Let database errors propagate, or use "
+            "session.begin_nested() around statements that may fail."
+        )
+
+
+def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:
+    """Stand-ins for the session methods that would end the inbox's transaction."""
+
+    def forbidden(method: str) -> Callable[..., NoReturn]:
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            raise TransactionControlError(
+                f"handler {handler!r} called session.{method}(): the inbox owns the "
+                "transaction (it commits the claim and your writes together). Use "
+                "session.flush() to send writes early, or session.begin_nested() for a "
+                "savepoint; raise an exception to roll everything back."
+            )
+
+        return refuse
+
+    return {method: forbidden(method) for method in _SESSION_CONTROL}
+
+
+def guard_session(session: Session, guards: Mapping[str, Callable[..., NoReturn]]) -> None:
+    """Hide the session's transaction-ending methods behind ``guards`` for a handler call.
+
+    The instance attributes shadow the class methods; the inbox itself always calls the
+    class methods (``type(session).commit(session)``).
+    """
+    session.__dict__.update(guards)
+
+
+def unguard_session(session: Session) -> None:
+    """Remove the guards, so a session that outlives the call (scoped_session) is intact."""
+    for method in _SESSION_CONTROL:
+        session.__dict__.pop(method, None)

@@ -83,7 +83,7 @@ class Inbox:
         self._on_unhandled = Unhandled(on_unhandled)
         self._transient_retries = transient_retries
         self._registry = Registry()
-        self._claimers: dict[str, Claimer] = {}
+        self._claimers: dict[tuple[str, str], Claimer] = {}
         self._guards: dict[str, Mapping[str, Callable[..., NoReturn]]] = {}
 
     @property
@@ -240,10 +240,11 @@ class Inbox:
         return Outcome.PROCESSED
 
     def _claimer(self, connection: Connection) -> Claimer:
-        claimer = self._claimers.get(connection.dialect.name)
+        dialect = connection.dialect
+        claimer = self._claimers.get((dialect.name, dialect.driver))
         if claimer is None:
-            claimer = claimer_for(self._table, connection.dialect.name)
-            self._claimers[connection.dialect.name] = claimer
+            claimer = claimer_for(self._table, dialect)
+            self._claimers[(dialect.name, dialect.driver)] = claimer
         return claimer
 
 

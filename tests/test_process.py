@@ -261,7 +261,7 @@ def test_catch_all_handler_takes_every_type_and_typed_handler_only_its_own(db: D
     ]
 
 
-@pytest.mark.parametrize("method", ["commit", "rollback", "close"])
+@pytest.mark.parametrize("method", ["commit", "rollback", "close", "reset"])
 def test_handler_that_ends_the_transaction_gets_a_clear_error_and_nothing_commits(
     db: Database, method: str
 ) -> None:

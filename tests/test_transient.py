@@ -6,12 +6,13 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import Database, effects
-from helpers import order, record_effect
-from sqlalchemy import create_engine, insert, text
+from helpers import Recorder, order, record_effect
+from sqlalchemy import Engine, create_engine, event, insert, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -109,3 +110,52 @@ def test_a_transient_error_wrapped_by_a_handler_is_still_recognised(pg_db: Datab
     with pytest.raises(RuntimeError) as error:
         payment_step()
     assert is_transient(error.value)
+
+
+def test_a_connection_killed_by_the_server_is_replaced_and_the_message_processed(
+    pg_db: Database, admin_engines: dict[str, Engine]
+) -> None:
+    """pg_terminate_backend on the pooled connection: the claim fails with a lost
+    connection, which is invalidated and retried on a fresh one."""
+    name = f"inbox-kill-{uuid.uuid4().hex[:8]}"
+    engine = create_engine(
+        pg_db.url, pool_size=1, max_overflow=0, connect_args={"application_name": name}
+    )
+    recorder = Recorder(Inbox(sessionmaker(engine)))
+    recorder.add("billing.charge")
+    try:
+        recorder.inbox.process(order(0))  # the pool now holds one idle connection
+        with admin_engines["postgresql"].connect() as admin:
+            killed = admin.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": name},
+            ).scalar_one()
+        assert killed == 1
+        assert recorder.inbox.process(order(1)).outcome is Outcome.PROCESSED
+    finally:
+        engine.dispose()
+    assert pg_db.effect_counts() == {("0", "billing.charge"): 1, ("1", "billing.charge"): 1}
+
+
+@pytest.mark.parametrize("instrumented", [False, True], ids=["plain", "with-listener"])
+def test_statement_listeners_see_the_claim(db: Database, instrumented: bool) -> None:
+    seen: list[str] = []
+    engine = create_engine(db.url)
+    if instrumented:
+        event.listen(
+            engine, "before_cursor_execute", lambda conn, cur, sql, *rest: seen.append(sql)
+        )
+    recorder = Recorder(Inbox(sessionmaker(engine)))
+    recorder.add("billing.charge")
+    try:
+        assert recorder.inbox.process(order(1)).outcome is Outcome.PROCESSED
+        assert recorder.inbox.process(order(1, **{"idempotency-key": "k"})).outcome is (
+            Outcome.PROCESSED
+        )
+    finally:
+        engine.dispose()
+    claims_seen = [s for s in seen if "inbox_message" in s]
+    assert len(claims_seen) == (2 if instrumented else 0)

@@ -83,7 +83,7 @@ class Inbox:
         self._on_unhandled = Unhandled(on_unhandled)
         self._transient_retries = transient_retries
         self._registry = Registry()
-        self._claimers: dict[tuple[str, str], Claimer] = {}
+        self._claimers: dict[str, Claimer] = {}
         self._guards: dict[str, Mapping[str, Callable[..., NoReturn]]] = {}
 
     @property
@@ -241,10 +241,10 @@ class Inbox:
 
     def _claimer(self, connection: Connection) -> Claimer:
         dialect = connection.dialect
-        claimer = self._claimers.get((dialect.name, dialect.driver))
+        claimer = self._claimers.get(dialect.name)
         if claimer is None:
             claimer = claimer_for(self._table, dialect)
-            self._claimers[(dialect.name, dialect.driver)] = claimer
+            self._claimers[dialect.name] = claimer
         return claimer
 
 

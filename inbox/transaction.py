@@ -3,10 +3,13 @@ it, and refuse to report PROCESSED for a transaction that will not commit."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.sql import ClauseElement
 
@@ -21,6 +24,12 @@ __all__ = [
 ]
 
 _SESSION_CONTROL: Final = ("commit", "rollback", "close", "reset")
+_MYSQL_DIALECTS: Final = ("mysql", "mariadb")
+# InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
+_MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
+_ABORTED_BY: Final = "inbox.transaction_aborted_by"
+_watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_watch_lock = threading.Lock()
 
 
 def begin_claim_transaction(
@@ -47,6 +56,9 @@ def begin_claim_transaction(
         )
     transaction = session.begin()
     connection = session.connection(bind_arguments={"bind": bind})
+    if connection.dialect.name in _MYSQL_DIALECTS:
+        _watch_for_transaction_aborts(connection.engine)
+        connection.info.pop(_ABORTED_BY, None)
     if _autocommits(connection):
         raise SessionConfigurationError(
             "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
@@ -55,16 +67,41 @@ def begin_claim_transaction(
     return transaction, connection
 
 
+def _watch_for_transaction_aborts(engine: Engine) -> None:
+    """Listen, once per engine, for errors after which MySQL has rolled back everything.
+
+    A handler that catches such an error and goes on would otherwise commit its later
+    writes in a new implicit transaction, without the claim. Nothing in the driver's state
+    shows it afterwards, so the error is remembered on the connection when it happens.
+    """
+    if engine in _watched_engines:
+        return
+    with _watch_lock:
+        if engine not in _watched_engines:
+            event.listen(engine, "handle_error", _remember_transaction_abort)
+            _watched_engines.add(engine)
+
+
+def _remember_transaction_abort(context: ExceptionContext) -> None:
+    args: tuple[object, ...] = getattr(context.original_exception, "args", ())
+    if context.connection is not None and args and args[0] in _MYSQL_TRANSACTION_ABORTING:
+        context.connection.info[_ABORTED_BY] = (
+            context.sqlalchemy_exception or context.original_exception
+        )
+
+
 def _autocommits(connection: Connection) -> bool:
     """Whether the driver connection commits every statement itself (read client-side)."""
     if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
         return True
-    driver = connection.connection.dbapi_connection
+    driver: Any = connection.connection.dbapi_connection
     if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
         return True
     dialect = connection.dialect.name
     if dialect == "sqlite":
-        return getattr(driver, "isolation_level", "") is None
+        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
+        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
+        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
     if dialect in ("mysql", "mariadb"):
         get_autocommit = getattr(driver, "get_autocommit", None)
         return bool(get_autocommit()) if callable(get_autocommit) else False
@@ -87,6 +124,14 @@ def ensure_committable(
             "may have been committed without the rest. Never end the session's transaction "
             "in a handler."
         )
+    aborted_by = connection.info.pop(_ABORTED_BY, None)
+    if aborted_by is not None:
+        # Raised from the deadlock itself, so the inbox re-runs the transaction (transient).
+        raise TransactionControlError(
+            f"handler {handler!r} returned normally, but the database rolled back its whole "
+            "transaction (a deadlock was caught and ignored?): the claim and the writes "
+            "before it are gone, and committing the rest would apply it partially."
+        ) from aborted_by
     info = getattr(connection.connection.dbapi_connection, "info", None)
     status = getattr(info, "transaction_status", None)
     if getattr(status, "name", None) == "INERROR":

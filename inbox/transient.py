@@ -10,8 +10,9 @@ __all__ = ["is_transient"]
 
 # SQLSTATEs: serialization_failure, deadlock_detected (PostgreSQL), lock_not_available.
 _TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03"})
-# MySQL/MariaDB error numbers: lock wait timeout, deadlock.
-_MYSQL_TRANSIENT: Final = frozenset({1205, 1213})
+# MySQL/MariaDB error numbers: record changed since last read (MariaDB snapshot isolation),
+# lock wait timeout, deadlock.
+_MYSQL_TRANSIENT: Final = frozenset({1020, 1205, 1213})
 # SQLite result codes: SQLITE_BUSY, SQLITE_LOCKED.
 _SQLITE_TRANSIENT: Final = frozenset({5, 6})
 _CHAIN_LIMIT: Final = 8

@@ -17,6 +17,7 @@ import pytest
 from conftest import Database
 from helpers import Recorder, order, record_effect
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 import inbox
@@ -206,3 +207,56 @@ def test_a_real_deadlock_between_two_handlers_is_retried_and_both_commit(
     with server_db.engine.connect() as connection:
         balances = connection.execute(text("SELECT balance FROM accounts ORDER BY id")).all()
     assert [row[0] for row in balances] == [0, 0]
+
+
+def test_a_swallowed_mariadb_deadlock_is_not_committed_half_but_retried(
+    mariadb_db: Database,
+) -> None:
+    """InnoDB rolls back the whole transaction on a deadlock, claim included. A handler that
+    catches the error and goes on must not get its later writes committed without the claim:
+    the inbox re-runs the handler transaction instead."""
+    with mariadb_db.engine.begin() as connection:
+        connection.execute(text("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)"))
+        connection.execute(text("INSERT INTO accounts VALUES (1, 0), (2, 0)"))
+        connection.execute(text("CREATE TABLE bulk (id INTEGER AUTO_INCREMENT PRIMARY KEY, v INT)"))
+    inbox = Inbox(mariadb_db.sessions, transient_retries=3)
+    handler_holds_row_1 = threading.Event()
+    other_holds_row_2 = threading.Event()
+    attempts: list[int] = []
+    swallowed: list[int] = []
+
+    @inbox.handler("transfer", name="ledger.transfer")
+    def transfer(message: Message, session: Session) -> None:
+        attempts.append(1)
+        record_effect(message, session, "part-1")
+        session.execute(text("UPDATE accounts SET balance = balance - 1 WHERE id = 1"))
+        if len(attempts) == 1:
+            handler_holds_row_1.set()
+            time.sleep(0.5)  # the other transaction now waits for row 1
+            try:
+                session.execute(text("UPDATE accounts SET balance = balance - 1 WHERE id = 2"))
+            except DBAPIError as exc:  # "best effort" step: the anti-pattern under test
+                swallowed.append(exc.orig.args[0])  # type: ignore[union-attr]
+        record_effect(message, session, "part-2")
+
+    def other() -> None:
+        with mariadb_db.engine.connect() as connection, connection.begin():
+            # Heavier than the handler's transaction, so InnoDB picks the handler as victim.
+            connection.execute(text("INSERT INTO bulk (v) SELECT seq FROM seq_1_to_500"))
+            connection.execute(text("UPDATE accounts SET balance = balance + 1 WHERE id = 2"))
+            other_holds_row_2.set()
+            assert handler_holds_row_1.wait(10)
+            connection.execute(text("UPDATE accounts SET balance = balance + 1 WHERE id = 1"))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert other_holds_row_2.wait(10)
+    try:
+        result = inbox.process(Message.new("transfer", {"ref": "t1"}))
+    finally:
+        thread.join()
+
+    assert swallowed == [1213], "the scenario must produce a real deadlock in the handler"
+    assert result.outcome is Outcome.PROCESSED
+    assert len(attempts) == 2
+    assert mariadb_db.effect_counts() == {("t1", "part-1"): 1, ("t1", "part-2"): 1}

@@ -7,11 +7,13 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Database, effects
 from helpers import Recorder, order, record_effect
-from sqlalchemy import Index, MetaData, create_engine, func, select, text, update
+from sqlalchemy import Index, MetaData, create_engine, event, func, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
@@ -26,7 +28,7 @@ from inbox import (
     UnhandledMessage,
 )
 from inbox.message import KEY_NAMESPACE
-from inbox.schema import inbox_message, inbox_table
+from inbox.schema import inbox_message, inbox_table, metadata
 
 
 def claims(db: Database) -> list[tuple[uuid.UUID, str, dt.datetime]]:
@@ -484,3 +486,33 @@ def test_scoped_sessions_and_multi_bind_sessions_work(db: Database) -> None:
     session.close()
     scoped.remove()
     assert len(claims(db)) == 2
+
+
+def test_sqlalchemy_sqlite_savepoint_recipe_is_accepted(tmp_path: Path) -> None:
+    """pysqlite with isolation_level=None plus a "begin" listener that emits BEGIN (the
+    recipe SQLAlchemy documents for working SAVEPOINTs) runs real transactions."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'recipe.db'}")
+
+    @event.listens_for(engine, "connect")
+    def no_driver_transactions(dbapi_connection: Any, record: object) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def emit_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    metadata.create_all(engine)
+    effects.metadata.create_all(engine)
+    recorder = Recorder(Inbox(sessionmaker(engine)))
+    recorder.add("billing.charge")
+    recorder.fail["billing.charge"] = 1
+    message = order(1)
+    try:
+        with pytest.raises(HandlerFailed):
+            recorder.inbox.process(message)
+        with engine.connect() as connection:
+            assert connection.execute(select(func.count()).select_from(effects)).scalar() == 0
+        assert recorder.inbox.process(message).outcome is Outcome.PROCESSED
+        assert recorder.inbox.process(message).outcome is Outcome.DUPLICATE
+    finally:
+        engine.dispose()

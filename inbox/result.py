@@ -10,8 +10,11 @@ from dataclasses import dataclass
 __all__ = ["Outcome", "ProcessResult", "Unhandled"]
 
 
-class Outcome(enum.Enum):
-    """What happened to one (message, handler) pair, or to a message no handler takes."""
+class Outcome(enum.StrEnum):
+    """What happened to one (message, handler) pair, or to a message no handler takes.
+
+    A ``StrEnum``: ``Outcome.PROCESSED == "processed"``, handy in logs and JSON.
+    """
 
     PROCESSED = "processed"
     """The claim was new: the handler ran and its transaction committed."""
@@ -21,7 +24,7 @@ class Outcome(enum.Enum):
     """No handler takes the message's type and the inbox is set to ignore such messages."""
 
 
-class Unhandled(enum.Enum):
+class Unhandled(enum.StrEnum):
     """What :meth:`inbox.Inbox.process` does with a message whose type no handler takes."""
 
     RAISE = "raise"

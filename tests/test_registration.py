@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import Inbox, Message, RegistrationError
+from inbox import Inbox, Message, Outcome, RegistrationError, Unhandled
 from inbox.schema import HANDLER_NAME_MAX_LENGTH
 
 
@@ -138,3 +138,10 @@ def test_process_rejects_what_is_not_a_message(inbox: Inbox) -> None:
     inbox.handler(module_level)
     with pytest.raises(TypeError, match=r"inbox\.Message"):
         inbox.process({"id": "x"})  # type: ignore[arg-type]
+
+
+def test_outcomes_compare_equal_to_their_names() -> None:
+    assert Outcome.PROCESSED == "processed"
+    assert Outcome.DUPLICATE == "duplicate"
+    assert Outcome.IGNORED == "ignored"
+    assert Unhandled("ignore") is Unhandled.IGNORE

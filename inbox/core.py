@@ -34,6 +34,7 @@ from inbox.transaction import (
     begin_claim_transaction,
     ensure_committable,
     guard_session,
+    refuse_busy_session,
     transaction_guards,
     unguard_session,
 )
@@ -211,6 +212,7 @@ class Inbox:
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         session = self._session_factory()
+        refuse_busy_session(session)
         session_type = type(session)
         try:
             transaction, connection = begin_claim_transaction(session, self._bind_clause)

@@ -19,6 +19,7 @@ __all__ = [
     "begin_claim_transaction",
     "ensure_committable",
     "guard_session",
+    "refuse_busy_session",
     "transaction_guards",
     "unguard_session",
 ]
@@ -32,22 +33,26 @@ _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
 
 
-def begin_claim_transaction(
-    session: Session, claim_statement: ClauseElement
-) -> tuple[SessionTransaction, Connection]:
-    """Begin the session's transaction and return it with the connection the claim uses.
-
-    Refuses, before anything is written, a session the inbox cannot own: one already in a
-    transaction (its pending work is not ours to commit or roll back), one that joins a
-    transaction of an outer ``Connection`` (the inbox's rollback of a duplicate would roll
-    that back too), and one in autocommit mode (the claim would commit on its own, so a
-    failing handler would leave it behind and its message would never run again).
-    """
+def refuse_busy_session(session: Session) -> None:
+    """Refuse a session already in a transaction: its pending work is not ours to commit or
+    roll back, so this is checked before the inbox touches the session at all."""
     if session.in_transaction():
         raise SessionConfigurationError(
             "session_factory returned a session that is already in a transaction; the inbox "
             "needs a fresh session per handler (e.g. sessionmaker(engine))"
         )
+
+
+def begin_claim_transaction(
+    session: Session, claim_statement: ClauseElement
+) -> tuple[SessionTransaction, Connection]:
+    """Begin the session's transaction and return it with the connection the claim uses.
+
+    Refuses, before anything is written, a session the inbox cannot own: one that joins a
+    transaction of an outer ``Connection`` (the inbox's rollback of a duplicate would roll
+    that back too), and one in autocommit mode (the claim would commit on its own, so a
+    failing handler would leave it behind and its message would never run again).
+    """
     bind = session.get_bind(clause=claim_statement)
     if isinstance(bind, Connection) and session.join_transaction_mode != "create_savepoint":
         raise SessionConfigurationError(

@@ -424,6 +424,7 @@ def test_sessions_the_inbox_cannot_own_are_refused_before_writing(db: Database) 
     autocommit = create_engine(db.url, isolation_level="AUTOCOMMIT")
     busy = db.sessions()
     busy.begin()
+    record_effect(order("pending"), busy, "application")
     try:
         with db.engine.connect() as outer:
             outer.begin()
@@ -442,11 +443,14 @@ def test_sessions_the_inbox_cannot_own_are_refused_before_writing(db: Database) 
                 assert fragment in str(error)
                 assert recorder.calls == {}
             outer.rollback()
+        # The application's own pending work in the busy session was left alone.
+        assert busy.in_transaction()
+        busy.commit()
     finally:
-        busy.rollback()
         busy.close()
         autocommit.dispose()
     assert claims(db) == []
+    assert db.effect_counts() == {("pending", "application"): 1}
 
 
 def test_a_connection_bound_session_with_savepoints_works_inside_an_outer_transaction(

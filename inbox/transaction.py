@@ -29,6 +29,7 @@ _MYSQL_DIALECTS: Final = ("mysql", "mariadb")
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
+_LIBPQ_IN_ERROR: Final = 3  # PQTRANS_INERROR: a statement failed, the transaction is aborted
 _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
 
@@ -137,15 +138,21 @@ def ensure_committable(
             "transaction (a deadlock was caught and ignored?): the claim and the writes "
             "before it are gone, and committing the rest would apply it partially."
         ) from aborted_by
-    info = getattr(connection.connection.dbapi_connection, "info", None)
-    status = getattr(info, "transaction_status", None)
-    if getattr(status, "name", None) == "INERROR":
+    if connection.dialect.name == "postgresql" and _libpq_transaction_status(connection) == (
+        _LIBPQ_IN_ERROR
+    ):
         raise TransactionControlError(
             f"handler {handler!r} returned normally, but a statement in its transaction "
             "failed and PostgreSQL aborted the transaction (was a database error caught and "
             "ignored?); nothing was committed. Let database errors propagate, or use "
             "session.begin_nested() around statements that may fail."
         )
+
+
+def _libpq_transaction_status(connection: Connection) -> object:
+    # psycopg 3 (an IntEnum) and psycopg2 (an int) both expose libpq's PQtransactionStatus.
+    info = getattr(connection.connection.dbapi_connection, "info", None)
+    return getattr(info, "transaction_status", None)
 
 
 def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:

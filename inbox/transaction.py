@@ -108,7 +108,7 @@ def _autocommits(connection: Connection) -> bool:
         # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
         # "begin" listener that emits BEGIN itself: then a transaction is open by now.
         return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
-    if dialect in ("mysql", "mariadb"):
+    if dialect in _MYSQL_DIALECTS:
         get_autocommit = getattr(driver, "get_autocommit", None)
         return bool(get_autocommit()) if callable(get_autocommit) else False
     return False
@@ -120,9 +120,11 @@ def ensure_committable(
     """Raise unless ``transaction`` is still the session's live transaction, able to commit.
 
     Catches a handler that ended the transaction behind the guards (``get_transaction()
-    .commit()``, ``connection().commit()``) and, on PostgreSQL, a handler that swallowed a
-    database error: the server has aborted the transaction, and its COMMIT would silently
-    roll back while the inbox reported the message as processed.
+    .commit()``, ``connection().commit()``), and a handler that swallowed a database error
+    after which the server had already rolled back: on MySQL a deadlock (the claim is gone,
+    later writes would commit alone; raised so that the inbox re-runs it), on PostgreSQL any
+    error outside a savepoint (its COMMIT would silently roll back while the inbox reported
+    the message as processed).
     """
     if session.get_transaction() is not transaction or not transaction.is_active:
         raise TransactionControlError(

@@ -132,6 +132,13 @@ def test_a_waiting_worker_sees_the_holders_outcome(server_db: Database, holder_f
     assert server_db.effect_counts() == {("1", "billing.charge"): 1}
 
 
+def raise_sqlstate(session: Session, sqlstate: str) -> None:
+    """Make PostgreSQL itself abort the transaction with ``sqlstate``."""
+    session.execute(
+        text(f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END $$")
+    )
+
+
 def test_transient_serialization_failure_is_retried_then_commits_once(pg_db: Database) -> None:
     """A real SQLSTATE 40001 from PostgreSQL aborts the transaction; the inbox re-runs it."""
     inbox = Inbox(pg_db.sessions, transient_retries=3)
@@ -142,9 +149,7 @@ def test_transient_serialization_failure_is_retried_then_commits_once(pg_db: Dat
         attempts.append(1)
         record_effect(message, session, "billing.charge")
         if len(attempts) <= 2:
-            session.execute(
-                text("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
-            )
+            raise_sqlstate(session, "40001")
 
     assert inbox.process(order(1)).outcome is Outcome.PROCESSED
     assert len(attempts) == 3
@@ -159,17 +164,15 @@ def test_transient_retries_are_bounded(pg_db: Database) -> None:
     def charge(message: Message, session: Session) -> None:
         attempts.append(1)
         record_effect(message, session, "billing.charge")
-        session.execute(
-            text("DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$")
-        )
+        raise_sqlstate(session, "40P01")
 
     with pytest.raises(HandlerFailed) as failed:
         inbox.process(order(1))
 
     assert len(attempts) == 2
-    assert "40P01" in repr(failed.value.failures["billing.charge"]) or "deadlock" in str(
-        failed.value
-    )
+    error = failed.value.failures["billing.charge"]
+    assert isinstance(error, DBAPIError)
+    assert getattr(error.orig, "sqlstate", None) == "40P01"
     assert pg_db.effect_counts() == {}
 
 

@@ -78,3 +78,8 @@ class HandlerFailed(InboxError):
 
 class UnsupportedDialect(InboxError):
     """The database dialect has no claim statement (supported: postgresql, sqlite, mysql)."""
+
+
+class PublishError(InboxError):
+    """The broker did not take a published message: unroutable (no queue bound for it) or
+    nacked. The message was not delivered; publishing it again is safe."""

@@ -1,0 +1,126 @@
+"""Bodies on the wire: how the publisher encodes them and how the worker decodes a delivery.
+
+Only JSON and text are ever decoded. Any other content type (pickle and YAML included) is
+handed to handlers as the raw bytes, so a producer can never make the worker run a
+deserializer that executes code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from kombu.compression import decompress
+
+JSON: Final = "application/json"
+TEXT: Final = "text/plain"
+BINARY: Final = "application/octet-stream"
+
+
+class InvalidReason(StrEnum):
+    """Why a delivery was dead-lettered without reaching a handler, or after its last try."""
+
+    MISSING_ID = "missing-message-id"
+    INVALID_ID = "invalid-message-id"
+    UNDECODABLE_BODY = "undecodable-body"
+    INVALID_MESSAGE = "invalid-message"
+    UNHANDLED_TYPE = "unhandled-type"
+    INVALID_KEY = "invalid-key"
+    HANDLER_FAILED = "handler-failed"
+
+
+class UndecodableBody(ValueError):
+    """The body does not decode under its content type (or the worker's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBody:
+    """A body ready to publish: its bytes and the AMQP properties that describe them."""
+
+    data: bytes
+    content_type: str
+    content_encoding: str
+
+
+def encode_body(body: object, content_type: str | None = None) -> EncodedBody:
+    """Encode ``body`` for publishing.
+
+    Without ``content_type``: ``bytes`` go out as ``application/octet-stream``, everything
+    else as JSON (``TypeError`` if it is not JSON-serializable). With ``content_type``, the
+    body must already be ``bytes`` or ``str`` (sent as UTF-8).
+    """
+    if content_type is not None:
+        if not isinstance(content_type, str) or not content_type.strip():
+            raise ValueError(f"content_type must be a non-empty string, got {content_type!r}")
+        if isinstance(body, bytes):
+            return EncodedBody(body, content_type, "binary")
+        if isinstance(body, str):
+            return EncodedBody(body.encode("utf-8"), content_type, "utf-8")
+        raise TypeError(
+            f"with content_type={content_type!r} the body must be bytes or str, "
+            f"got {type(body).__name__}"
+        )
+    if isinstance(body, bytes | bytearray | memoryview):
+        return EncodedBody(bytes(body), BINARY, "binary")
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"body is not JSON-serializable: {exc}") from exc
+    return EncodedBody(text.encode("utf-8"), JSON, "utf-8")
+
+
+def decode_body(
+    data: bytes,
+    content_type: str | None,
+    content_encoding: str | None,
+    headers: Mapping[str, Any],
+    default_content_type: str | None,
+) -> object:
+    """Decode a delivery's body: JSON (``application/json``, ``*+json``) to Python values,
+    ``text/*`` to ``str``, anything else to the raw ``bytes``.
+
+    A delivery without a content type is read as ``default_content_type`` (None: raw bytes).
+    A body compressed by kombu (``compression`` header) is decompressed first.
+    Raises :class:`UndecodableBody` with the reason when the body does not decode.
+    """
+    compression = headers.get("compression")
+    if compression is not None:
+        try:
+            data = decompress(data, str(compression))
+        except Exception as exc:
+            raise UndecodableBody(f"cannot decompress ({compression!r}): {exc}") from exc
+    declared = content_type or default_content_type
+    if not declared:
+        return data
+    media_type, _, params = declared.partition(";")
+    media_type = media_type.strip().lower()
+    charset = _charset(params, content_encoding)
+    is_json = media_type == JSON or media_type.endswith("+json")
+    if not is_json and not media_type.startswith("text/"):
+        return data
+    try:
+        text = data.decode(charset)
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise UndecodableBody(f"body is not valid {charset} text: {exc}") from exc
+    if not is_json:
+        return text
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise UndecodableBody("JSON body is nested too deeply to decode") from exc
+    except ValueError as exc:
+        assumed = "" if content_type else " (no content type; JSON assumed)"
+        raise UndecodableBody(f"body is not valid JSON{assumed}: {exc}") from exc
+
+
+def _charset(params: str, content_encoding: str | None) -> str:
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            return value.strip().strip('"')
+    if content_encoding and content_encoding.lower() not in ("binary", "8bit", "7bit"):
+        return content_encoding
+    return "utf-8"

@@ -1,0 +1,30 @@
+"""Broker connections with publisher confirms, and URLs safe to print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.connection import Connection
+
+
+def confirming_connection(broker: str | Connection) -> Connection:
+    """A new kombu ``Connection`` to ``broker`` (a URL or a connection to clone) on which
+    every publish waits for the broker's confirm (``confirm_publish``; transports without
+    confirms ignore it)."""
+    if isinstance(broker, str):
+        if not broker.strip():
+            raise ValueError("the broker URL is empty")
+        base = Connection(broker)
+    elif isinstance(broker, Connection):
+        base = broker
+    else:
+        raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
+    options: dict[str, Any] = dict(base.transport_options or {})
+    options["confirm_publish"] = True
+    connection: Connection = base.clone(transport_options=options)
+    return connection
+
+
+def safe_uri(connection: Connection) -> str:
+    """The connection's URL with any password masked."""
+    return str(connection.as_uri(include_password=False))

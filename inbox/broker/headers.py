@@ -1,0 +1,71 @@
+"""The headers the worker writes on retried and dead-lettered deliveries.
+
+Every header keeps the delivery's own headers and adds these (``x-inbox-`` prefix), so a
+dead letter says why it is there and can be re-published as it is once the cause is fixed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+TRIES: Final = "x-inbox-tries"
+"""Attempts that failed so far (an int); absent on a delivery that never failed."""
+FIRST_FAILURE: Final = "x-inbox-first-failure"
+"""UTC time of the first failed attempt, ISO 8601."""
+LAST_FAILURE: Final = "x-inbox-last-failure"
+"""UTC time of the latest failed attempt, ISO 8601."""
+ERROR: Final = "x-inbox-error"
+"""The latest failure: exception type and message (at most 1,000 characters)."""
+FAILED_HANDLERS: Final = "x-inbox-failed-handlers"
+"""Names of the handlers that failed on the latest attempt, comma-separated."""
+REASON: Final = "x-inbox-reason"
+"""On a dead letter: why it was dead-lettered (an :class:`inbox.broker.InvalidReason`)."""
+SOURCE_QUEUE: Final = "x-inbox-queue"
+"""On a dead letter: the queue it was consumed from."""
+DEAD_LETTERED_AT: Final = "x-inbox-dead-lettered-at"
+"""On a dead letter: UTC time it was dead-lettered, ISO 8601."""
+
+_MAX_ERROR_CHARS: Final = 1000
+
+
+def now_utc() -> str:
+    """The current UTC time as ISO 8601, the format of every time header."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def tries_so_far(headers: Mapping[str, Any]) -> int:
+    """The failed attempts recorded on a delivery (0 when the header is absent or garbled)."""
+    value = headers.get(TRIES)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return value
+
+
+def failure_headers(
+    headers: Mapping[str, Any], tries: int, error: str, failed_handlers: Iterable[str]
+) -> dict[str, Any]:
+    """The bookkeeping headers after failed attempt number ``tries``."""
+    now = now_utc()
+    first = headers.get(FIRST_FAILURE)
+    return {
+        TRIES: tries,
+        FIRST_FAILURE: first if isinstance(first, str) and tries > 1 else now,
+        LAST_FAILURE: now,
+        ERROR: truncate(error),
+        FAILED_HANDLERS: ",".join(failed_handlers),
+    }
+
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionType: message``, the form every error header uses."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def truncate(text: str) -> str:
+    """Cut ``text`` to the length a header carries, marking the cut."""
+    if len(text) <= _MAX_ERROR_CHARS:
+        return text
+    return text[: _MAX_ERROR_CHARS - 1] + "…"

@@ -1,0 +1,149 @@
+"""What the worker needs on the broker: the queue, its delayed-retry queues, its dead letters.
+
+For a queue ``orders`` and retry delays of 1 s, 5 s and 30 s the worker declares (all
+durable, all of the same queue type)::
+
+    orders                  consumed by the worker
+    orders.retry.1000ms     x-message-ttl 1000,  dead-letters back to orders
+    orders.retry.5000ms     x-message-ttl 5000,  dead-letters back to orders
+    orders.retry.30000ms    x-message-ttl 30000, dead-letters back to orders
+    orders.dlq              dead letters, kept until someone looks at them
+
+A failed delivery is published (with publisher confirms) to the retry queue of its delay and
+only then acked; when its TTL runs out RabbitMQ dead-letters it through the default exchange
+back onto ``orders``. One TTL per retry queue, not a per-message TTL in one shared queue: a
+queue expires messages only at its head, so mixed delays in one queue would hold short
+delays behind long ones. Nothing waits inside the worker, so a backoff never blocks other
+messages. Quorum retry queues dead-letter with the at-least-once strategy so that a retry
+is never dropped on its way back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from kombu.entity import Exchange, Queue
+
+DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
+DEFAULT_MAX_TRIES: Final = 4
+_MAX_QUEUE_NAME_BYTES: Final = 255
+
+
+class QueueType(StrEnum):
+    """The RabbitMQ queue type for every queue the worker declares."""
+
+    CLASSIC = "classic"
+    QUORUM = "quorum"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often a failing delivery is tried and how long it waits between tries.
+
+    ``max_tries`` counts every attempt, the first included: with 3, a delivery whose handler
+    keeps failing runs three times and is then dead-lettered. The n-th retry waits
+    ``delays[n - 1]`` seconds; when there are more retries than delays, the last one repeats.
+    """
+
+    delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS
+    max_tries: int = DEFAULT_MAX_TRIES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int):
+            raise TypeError(f"max_tries must be an int, got {type(self.max_tries).__name__}")
+        if self.max_tries < 1:
+            raise ValueError(f"max_tries must be at least 1, got {self.max_tries}")
+        delays = tuple(self.delays)
+        for delay in delays:
+            if isinstance(delay, bool) or not isinstance(delay, int | float):
+                raise TypeError(f"retry delays must be numbers of seconds, got {delay!r}")
+            if not math.isfinite(delay) or delay < 0.001:
+                raise ValueError(f"retry delays must be finite and at least 0.001 s, got {delay}")
+        if self.max_tries > 1 and not delays:
+            raise ValueError("max_tries > 1 needs at least one retry delay")
+        object.__setattr__(self, "delays", delays)
+
+    def exhausted(self, tries: int) -> bool:
+        """True when a delivery that has failed ``tries`` times must not be tried again."""
+        return tries >= self.max_tries
+
+    def delay_ms(self, tries: int) -> int:
+        """The wait, in milliseconds, before the next attempt after failed try ``tries``."""
+        return _ms(self.delays[min(tries, len(self.delays)) - 1])
+
+    def used_delays_ms(self) -> tuple[int, ...]:
+        """Every distinct wait a delivery can be given, in milliseconds, in order of use."""
+        waits = (self.delay_ms(tries) for tries in range(1, self.max_tries))
+        return tuple(dict.fromkeys(waits))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTopology:
+    """One consumed queue with its retry queues and dead-letter queue."""
+
+    name: str
+    queue_type: QueueType = QueueType.CLASSIC
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or self.name != self.name.strip():
+            raise ValueError(
+                f"queue name must be a non-empty string without edge spaces: {self.name!r}"
+            )
+        if self.name.startswith("amq."):
+            raise ValueError(f"queue names starting with 'amq.' are reserved: {self.name!r}")
+        object.__setattr__(self, "queue_type", QueueType(self.queue_type))
+        longest = max(
+            (self.retry_queue(ms) for ms in self.retry.used_delays_ms()), key=len, default=""
+        )
+        for name in (self.dead_letter_queue, longest):
+            if len(name.encode("utf-8")) > _MAX_QUEUE_NAME_BYTES:
+                raise ValueError(f"queue name {name!r} is longer than 255 bytes")
+
+    @property
+    def dead_letter_queue(self) -> str:
+        """Where deliveries go that cannot or must no longer be tried: ``<queue>.dlq``."""
+        return f"{self.name}.dlq"
+
+    def retry_queue(self, delay_ms: int) -> str:
+        """The delayed-retry queue for one wait: ``<queue>.retry.<ms>ms``."""
+        return f"{self.name}.retry.{delay_ms}ms"
+
+    def queues(self) -> Iterator[Queue]:
+        """Every queue to declare: the consumed queue, its retry queues, its dead letters."""
+        yield self.consumed_queue()
+        for delay_ms in self.retry.used_delays_ms():
+            arguments = {
+                "x-message-ttl": delay_ms,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.name,
+            }
+            if self.queue_type is QueueType.QUORUM:
+                arguments["x-dead-letter-strategy"] = "at-least-once"
+                arguments["x-overflow"] = "reject-publish"
+            yield self._queue(self.retry_queue(delay_ms), arguments)
+        yield self._queue(self.dead_letter_queue, {})
+
+    def consumed_queue(self) -> Queue:
+        """The kombu queue the worker consumes from."""
+        return self._queue(self.name, {})
+
+    def _queue(self, name: str, arguments: dict[str, Any]) -> Queue:
+        if self.queue_type is QueueType.QUORUM:
+            arguments = {"x-queue-type": "quorum", **arguments}
+        return Queue(
+            name,
+            exchange=Exchange(""),
+            routing_key=name,
+            durable=True,
+            auto_delete=False,
+            queue_arguments=arguments or None,
+        )

@@ -1,0 +1,485 @@
+"""The worker: consume queues, run each delivery through ``Inbox.process``, ack after commit.
+
+Policy for every delivery, in order:
+
+* the worker is stopping → requeued untouched (another worker, or the next start, takes it);
+* no ``message_id``, an id that is not a UUID, a body that does not decode under its content
+  type, a malformed header → ``<queue>.dlq`` at once, with the reason (retrying cannot help);
+* no handler takes its type, or a handler's ``key=`` fails on it → ``<queue>.dlq`` at once;
+* every handler committed or was a duplicate → acked;
+* a handler failed (after the inbox retried transient database errors in place) → published
+  to the retry queue of its backoff delay, or to ``<queue>.dlq`` after the last try, and
+  only then acked. A crash in between leaves two copies with one id: the inbox skips one.
+
+Nothing here knows SQL: the worker sees the inbox's outcomes and exceptions only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import signal
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from types import FrameType
+from typing import Any, Final
+
+from kombu.connection import Connection
+from kombu.message import Message as Delivery
+from kombu.mixins import ConsumerMixin
+
+from inbox.broker import headers as h
+from inbox.broker.codec import JSON, InvalidReason, UndecodableBody, decode_body
+from inbox.broker.connection import confirming_connection
+from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.core import Inbox
+from inbox.errors import HandlerFailed, InvalidKey, InvalidMessage, UnhandledMessage
+from inbox.message import Message, parse_message_id
+from inbox.result import Outcome, ProcessResult
+
+__all__ = ["Worker", "WorkerStats", "install_signal_handlers"]
+
+logger = logging.getLogger("inbox.worker")
+
+# Properties a retry or dead letter carries over. user_id would be refused by RabbitMQ when
+# the worker's user differs from the producer's; expiration must not follow a message into
+# the dead-letter queue.
+_KEPT_PROPERTIES: Final = (
+    "message_id",
+    "type",
+    "correlation_id",
+    "reply_to",
+    "timestamp",
+    "app_id",
+)
+_PERSISTENT: Final = 2
+
+
+@dataclass
+class WorkerStats:
+    """Counters since the worker started; logged periodically and when it stops."""
+
+    deliveries: int = 0
+    acked: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    failed_tries: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    requeued_on_stop: int = 0
+    dead_letter_reasons: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        """One line with every counter."""
+        reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letter_reasons.items()))
+        return (
+            f"deliveries={self.deliveries} acked={self.acked} processed={self.processed} "
+            f"duplicates={self.duplicates} failed_tries={self.failed_tries} "
+            f"retried={self.retried} dead_lettered={self.dead_lettered}"
+            + (f" ({reasons})" if reasons else "")
+            + f" requeued_on_stop={self.requeued_on_stop}"
+        )
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: InvalidReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(order=True)
+class _HeldRetry:
+    due: float
+    sequence: int
+    delivery: Delivery = field(compare=False)
+    topology: QueueTopology = field(compare=False)
+    headers: dict[str, Any] = field(compare=False)
+
+
+class Worker(ConsumerMixin):
+    """Consume ``queues`` and process every delivery exactly once through ``inbox``.
+
+    ``broker`` is a URL (``amqp://guest:guest@localhost//``, ``memory://``) or a kombu
+    ``Connection`` (cloned; publisher confirms are switched on for the clone). ``prefetch``
+    bounds the unacked deliveries per queue. ``retry`` sets the tries and backoff;
+    ``queue_type`` the type of every declared queue. With ``declare=False`` the worker only
+    checks that the queues exist (for infrastructure that owns the topology).
+    ``default_content_type`` is how a delivery without a content type is decoded (None:
+    raw bytes). The worker reconnects for ever after a lost connection; unacked deliveries
+    come back from the broker and are deduplicated by the inbox.
+
+    On RabbitMQ (any ``amqp`` transport) a retry waits in a TTL queue on the broker. Other
+    kombu transports have no TTL dead-lettering, so there the worker holds the unacked
+    delivery until its delay is over, then re-publishes it and acks the original.
+    """
+
+    def __init__(
+        self,
+        inbox: Inbox,
+        broker: str | Connection,
+        queues: Sequence[str],
+        *,
+        prefetch: int = 10,
+        retry: RetryPolicy | None = None,
+        queue_type: QueueType | str = QueueType.CLASSIC,
+        declare: bool = True,
+        default_content_type: str | None = JSON,
+        stats_interval: float | None = 60.0,
+    ) -> None:
+        if not isinstance(inbox, Inbox):
+            raise TypeError(f"inbox must be an inbox.Inbox, got {type(inbox).__name__}")
+        if isinstance(queues, str) or not queues:
+            raise ValueError("queues must be a non-empty sequence of queue names")
+        if len(set(queues)) != len(queues):
+            raise ValueError(f"queues must not repeat a name: {list(queues)}")
+        if (
+            isinstance(prefetch, bool)
+            or not isinstance(prefetch, int)
+            or not 1 <= prefetch <= 65535
+        ):
+            raise ValueError(f"prefetch must be an int from 1 to 65535, got {prefetch!r}")
+        if stats_interval is not None and stats_interval <= 0:
+            raise ValueError(f"stats_interval must be positive or None, got {stats_interval}")
+        policy = RetryPolicy() if retry is None else retry
+        self.connection = confirming_connection(broker)
+        self.topologies = tuple(QueueTopology(q, QueueType(queue_type), policy) for q in queues)
+        self.retry = policy
+        self.prefetch = prefetch
+        self.declare = declare
+        self.default_content_type = default_content_type
+        self.stats = WorkerStats()
+        self._inbox = inbox
+        self._stats_interval = stats_interval
+        self._publish_channel: Any = None
+        self._held: list[_HeldRetry] = []
+        self._sequence = itertools.count()
+        self._idle_timeout: float | None = None
+        self._live_connection: Connection | None = None
+        self._inbound: deque[tuple[QueueTopology, Delivery]] = deque()
+        self._busy = False
+        self._last_activity = time.monotonic()
+        self._last_stats = time.monotonic()
+
+    @property
+    def native_delays(self) -> bool:
+        """True when retries wait on the broker (RabbitMQ), False when held by the worker."""
+        return bool(self.connection.transport.driver_type == "amqp")
+
+    def stop(self) -> None:
+        """Stop after the in-flight delivery: it is finished and acked, the rest requeued."""
+        self.should_stop = True
+
+    def run(self, *, idle_timeout: float | None = None) -> None:  # type: ignore[override]
+        """Consume until :meth:`stop` (or a signal, see :func:`install_signal_handlers`).
+
+        With ``idle_timeout``, also stop once no delivery arrived for that many seconds and no
+        retry is held by the worker (used by the demo and by tests; a production worker runs
+        without it).
+        """
+        self._idle_timeout = idle_timeout
+        self._last_activity = time.monotonic()
+        interval = 1.0 if self.native_delays else 0.05
+        try:
+            super().run(safety_interval=interval)
+        finally:
+            logger.info("worker stopped: %s", self.stats.summary())
+
+    def prepare(self, max_retries: int | None = 3) -> None:
+        """Connect once (up to ``max_retries`` retries) and declare or check the topology.
+
+        Raises the broker's error when it is unreachable or a queue cannot be declared: call
+        this before :meth:`run` to fail fast on a bad configuration.
+        """
+        with self.connection.clone() as connection:
+            connection.ensure_connection(max_retries=max_retries)
+            with connection.channel() as channel:
+                self._declare(channel)
+
+    # ConsumerMixin hooks -------------------------------------------------------------
+
+    def get_consumers(self, consumer_class: Any, channel: Any) -> list[Any]:
+        """One consumer per queue, each with the worker's prefetch; declares the topology.
+
+        Also opens the channel that publishes retries and dead letters, before any consumer
+        starts: opening it later would read deliveries in the middle of the handshake.
+        """
+        self._declare(channel)
+        if self._live_connection is not None:
+            self._publish_channel = self._live_connection.channel()
+        return [
+            consumer_class(
+                queues=[topology.consumed_queue()],
+                on_message=partial(self._on_delivery, topology),
+                prefetch_count=self.prefetch,
+                auto_declare=False,
+                no_ack=False,
+            )
+            for topology in self.topologies
+        ]
+
+    @contextmanager
+    def establish_connection(self) -> Iterator[Connection]:
+        """Connect (retrying for ever), keeping the connection for the publishing channel."""
+        with super().establish_connection() as connection:
+            self._live_connection = connection
+            try:
+                yield connection
+            finally:
+                self._live_connection = None
+
+    def on_consume_ready(
+        self, connection: Connection, channel: Any, consumers: Any, **kwargs: Any
+    ) -> None:
+        """Log what the worker consumes, once per (re)connection."""
+        logger.info(
+            "consuming %s (prefetch %d, %s queues, max tries %d, retry delays %s)",
+            ", ".join(t.name for t in self.topologies),
+            self.prefetch,
+            self.topologies[0].queue_type,
+            self.retry.max_tries,
+            ", ".join(f"{d:g}s" for d in self.retry.delays) or "none",
+        )
+
+    def on_consume_end(self, connection: Connection, channel: Any) -> None:
+        """Forget deliveries held on the closed channel: the broker gives them back."""
+        self._held.clear()
+        self._inbound.clear()
+        self._publish_channel = None
+
+    def on_iteration(self) -> None:
+        """Between deliveries: release due retries, log stats, stop when idle."""
+        self._release_due_retries()
+        now = time.monotonic()
+        if self._stats_interval is not None and now - self._last_stats >= self._stats_interval:
+            self._last_stats = now
+            logger.info("worker stats: %s", self.stats.summary())
+        if (
+            self._idle_timeout is not None
+            and not self._held
+            and now - self._last_activity >= self._idle_timeout
+        ):
+            self.should_stop = True
+
+    def on_connection_error(self, exc: Exception, interval: float) -> None:
+        """Log a failed (re)connection attempt; kombu retries it after ``interval``."""
+        logger.warning("broker connection failed (%s); retrying in %.1f s", exc, interval)
+
+    # One delivery ----------------------------------------------------------------------
+
+    def _on_delivery(self, topology: QueueTopology, delivery: Delivery) -> None:
+        # py-amqp dispatches deliveries that arrive while the worker waits for a publisher
+        # confirm, i.e. inside the handling of another delivery. Queue them and handle them
+        # one at a time, in order, after the current one.
+        self._inbound.append((topology, delivery))
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            while self._inbound:
+                self._handle(*self._inbound.popleft())
+        finally:
+            self._busy = False
+
+    def _handle(self, topology: QueueTopology, delivery: Delivery) -> None:
+        if self.should_stop:
+            delivery.requeue()
+            self.stats.requeued_on_stop += 1
+            return
+        self.stats.deliveries += 1
+        self._last_activity = time.monotonic()
+        try:
+            message = self._to_message(delivery)
+        except _Rejected as rejected:
+            self._dead_letter(topology, delivery, rejected.reason, rejected.detail, {})
+            return
+        try:
+            result = self._inbox.process(message)
+        except HandlerFailed as failed:
+            self._count(failed.result)
+            self._failed(topology, delivery, message, describe_failure(failed), failed.failures)
+            return
+        except UnhandledMessage as exc:
+            self._dead_letter(topology, delivery, InvalidReason.UNHANDLED_TYPE, str(exc), {})
+            return
+        except InvalidKey as exc:
+            self._dead_letter(topology, delivery, InvalidReason.INVALID_KEY, str(exc), {})
+            return
+        except Exception as exc:  # outside any handler: counts as a failed try all the same
+            self._failed(topology, delivery, message, h.describe(exc), {})
+            return
+        self._count(result)
+        # Ack only now: every handler's claim and effects are committed (or were committed
+        # by an earlier delivery). A crash before this line means a redelivery, which the
+        # inbox skips as a duplicate; acking earlier could lose the message.
+        delivery.ack()
+        self.stats.acked += 1
+
+    def _to_message(self, delivery: Delivery) -> Message:
+        properties: Mapping[str, Any] = delivery.properties or {}
+        headers: Mapping[str, Any] = delivery.headers or {}
+        raw_id = properties.get("message_id")
+        if raw_id is None or raw_id == "":
+            raise _Rejected(InvalidReason.MISSING_ID, "delivery has no message_id property")
+        try:
+            message_id = parse_message_id(raw_id)
+        except InvalidMessage as exc:
+            raise _Rejected(InvalidReason.INVALID_ID, str(exc)) from None
+        try:
+            body = decode_body(
+                _body_bytes(delivery),
+                delivery.content_type,
+                delivery.content_encoding,
+                headers,
+                self.default_content_type,
+            )
+        except UndecodableBody as exc:
+            raise _Rejected(InvalidReason.UNDECODABLE_BODY, str(exc)) from None
+        try:
+            return Message(id=message_id, type=properties.get("type"), body=body, headers=headers)
+        except (InvalidMessage, TypeError, ValueError) as exc:
+            raise _Rejected(InvalidReason.INVALID_MESSAGE, str(exc)) from None
+
+    def _count(self, result: ProcessResult) -> None:
+        outcomes = result.outcomes.values()
+        self.stats.processed += sum(o is Outcome.PROCESSED for o in outcomes)
+        self.stats.duplicates += sum(o is Outcome.DUPLICATE for o in outcomes)
+
+    def _failed(
+        self,
+        topology: QueueTopology,
+        delivery: Delivery,
+        message: Message,
+        error: str,
+        failures: Mapping[str, BaseException],
+    ) -> None:
+        self.stats.failed_tries += 1
+        headers: Mapping[str, Any] = delivery.headers or {}
+        tries = h.tries_so_far(headers) + 1
+        extra = h.failure_headers(headers, tries, error, failures)
+        if self.retry.exhausted(tries):
+            self._dead_letter(topology, delivery, InvalidReason.HANDLER_FAILED, error, extra)
+            return
+        delay_ms = self.retry.delay_ms(tries)
+        logger.warning(
+            "message %s (type %r) on %s: try %d/%d failed (%s); retry in %g s",
+            message.id,
+            message.type,
+            topology.name,
+            tries,
+            self.retry.max_tries,
+            error,
+            delay_ms / 1000,
+        )
+        self.stats.retried += 1
+        if self.native_delays:
+            self._republish(delivery, topology.retry_queue(delay_ms), extra)
+            delivery.ack()
+        else:
+            due = time.monotonic() + delay_ms / 1000
+            heapq.heappush(
+                self._held, _HeldRetry(due, next(self._sequence), delivery, topology, extra)
+            )
+
+    def _dead_letter(
+        self,
+        topology: QueueTopology,
+        delivery: Delivery,
+        reason: InvalidReason,
+        detail: str,
+        extra: Mapping[str, Any],
+    ) -> None:
+        headers = {
+            **extra,
+            h.REASON: str(reason),
+            h.SOURCE_QUEUE: topology.name,
+            h.DEAD_LETTERED_AT: h.now_utc(),
+        }
+        if h.ERROR not in headers:
+            headers[h.ERROR] = h.truncate(detail)
+        self._republish(delivery, topology.dead_letter_queue, headers)
+        # Acked only after the broker confirmed the dead letter: it is never in neither queue.
+        delivery.ack()
+        self.stats.dead_lettered += 1
+        self.stats.dead_letter_reasons[str(reason)] += 1
+        tries = headers.get(h.TRIES)
+        logger.error(
+            "message %s (type %r) dead-lettered to %s: %s%s: %s",
+            (delivery.properties or {}).get("message_id"),
+            (delivery.properties or {}).get("type"),
+            topology.dead_letter_queue,
+            reason,
+            f" after {tries} tries" if tries else "",
+            detail,
+        )
+
+    def _release_due_retries(self) -> None:
+        now = time.monotonic()
+        while self._held and self._held[0].due <= now:
+            held = heapq.heappop(self._held)
+            self._republish(held.delivery, held.topology.name, held.headers)
+            held.delivery.ack()
+
+    def _republish(self, delivery: Delivery, queue: str, extra: Mapping[str, Any]) -> None:
+        """Publish a copy of ``delivery`` (same body, id, type, content type, headers plus
+        ``extra``) persistently to ``queue`` and wait for the broker's confirm."""
+        channel = self._publish_channel
+        properties = delivery.properties or {}
+        kept = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
+        kept["delivery_mode"] = _PERSISTENT
+        prepared = channel.prepare_message(
+            _body_bytes(delivery),
+            properties.get("priority"),
+            delivery.content_type,
+            delivery.content_encoding,
+            {**(delivery.headers or {}), **extra},
+            kept,
+        )
+        channel.basic_publish(prepared, exchange="", routing_key=queue)
+
+    def _declare(self, channel: Any) -> None:
+        for topology in self.topologies:
+            for queue in topology.queues():
+                bound = queue(channel)
+                if self.declare:
+                    bound.declare()
+                else:
+                    bound.queue_declare(passive=True)
+
+
+def _body_bytes(delivery: Delivery) -> bytes:
+    # py-amqp decodes bodies whose content_encoding names a codec; undo that losslessly.
+    body = delivery.body
+    if isinstance(body, str):
+        return body.encode(delivery.content_encoding or "utf-8")
+    return bytes(body)
+
+
+def describe_failure(failed: HandlerFailed) -> str:
+    """``handler: ExceptionType: message`` for each failed handler, joined by ``; ``."""
+    return "; ".join(f"{name}: {h.describe(exc)}" for name, exc in failed.failures.items())
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    """Make SIGTERM and SIGINT stop ``worker`` cleanly: the in-flight delivery is finished
+    and acked, then the worker returns. A second signal stops at once (the in-flight
+    delivery is rolled back and redelivered). Call from the main thread."""
+
+    def first(signum: int, frame: FrameType | None) -> None:
+        logger.info(
+            "%s: finishing the in-flight message, then stopping", signal.Signals(signum).name
+        )
+        worker.stop()
+        signal.signal(signal.SIGTERM, second)
+        signal.signal(signal.SIGINT, second)
+
+    def second(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+
+    signal.signal(signal.SIGTERM, first)
+    signal.signal(signal.SIGINT, first)

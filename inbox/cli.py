@@ -23,18 +23,18 @@ DATABASE_URL_ENV = "INBOX_DATABASE_URL"
 _SECRET_QUERY_WORDS = ("password", "passwd", "pwd", "secret", "token", "key")
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
     """An ArgumentParser that reports errors to its caller instead of exiting the process."""
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise UsageError(message)
 
 
-def _whole_number(low: int, high: int | None = None) -> type[int]:
+def whole_number(low: int, high: int | None = None) -> type[int]:
     def parse(text: str) -> int:
         try:
             value = int(text, 10)
@@ -48,8 +48,8 @@ def _whole_number(low: int, high: int | None = None) -> type[int]:
     return parse  # type: ignore[return-value]
 
 
-def _cleanup_parser() -> _Parser:
-    parser = _Parser(
+def _cleanup_parser() -> UsageParser:
+    parser = UsageParser(
         prog="inbox-cleanup",
         description=(
             "Delete inbox claims processed more than --days days ago, in short batches that "
@@ -58,7 +58,7 @@ def _cleanup_parser() -> _Parser:
         ),
     )
     parser.add_argument(
-        "--days", type=_whole_number(1), required=True, help="retention window in whole days (>= 1)"
+        "--days", type=whole_number(1), required=True, help="retention window in whole days (>= 1)"
     )
     parser.add_argument(
         "--database-url",
@@ -67,7 +67,7 @@ def _cleanup_parser() -> _Parser:
     )
     parser.add_argument(
         "--batch-size",
-        type=_whole_number(1, MAX_BATCH_SIZE),
+        type=whole_number(1, MAX_BATCH_SIZE),
         default=10_000,
         help="rows deleted per transaction (default: 10000)",
     )
@@ -98,7 +98,7 @@ def cleanup_main(
         cutoff_for(args.days)
         table = resolve_table(args.table)
         url = _database_url(args.database_url)
-    except (_UsageError, ValueError) as exc:
+    except (UsageError, ValueError) as exc:
         err.write(parser.format_usage())
         err.write(f"inbox-cleanup: error: {exc}\n")
         return EXIT_USAGE

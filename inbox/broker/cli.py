@@ -1,0 +1,213 @@
+"""``inbox-worker``: run a :class:`inbox.broker.Worker` for the user's ``Inbox``.
+
+Exit codes: 0 after a clean stop (SIGTERM or SIGINT: the in-flight message is finished and
+acked first); 1 when the broker is unreachable or refuses the topology at start, or the worker
+fails; 2 on bad usage (arguments, or a ``MODULE:ATTRIBUTE`` that does not give an ``Inbox``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from kombu.connection import Connection
+
+from inbox.broker.codec import JSON
+from inbox.broker.connection import safe_uri
+from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
+from inbox.broker.worker import Worker, install_signal_handlers
+from inbox.cli import (
+    EXIT_DATABASE_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    UsageParser,
+    whole_number,
+)
+from inbox.core import Inbox
+
+__all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "load_inbox", "worker_main"]
+
+BROKER_URL_ENV = "INBOX_BROKER_URL"
+EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _worker_parser() -> UsageParser:
+    parser = UsageParser(
+        prog="inbox-worker",
+        description=(
+            "Consume queues and run every delivery through an Inbox exactly once: ack after "
+            "commit, retries with backoff through delayed-retry queues, dead letters in "
+            "<queue>.dlq with the reason in their headers."
+        ),
+    )
+    parser.add_argument("target", metavar="MODULE:ATTRIBUTE", help="where your Inbox lives")
+    parser.add_argument(
+        "--broker", default=None, help=f"kombu broker URL (default: ${BROKER_URL_ENV})"
+    )
+    parser.add_argument(
+        "--queue", dest="queues", action="append", required=True, help="queue to consume (repeat)"
+    )
+    parser.add_argument(
+        "--prefetch", type=whole_number(1, 65535), default=10, help="unacked deliveries per queue"
+    )
+    parser.add_argument(
+        "--max-tries",
+        type=whole_number(1, 1000),
+        default=DEFAULT_MAX_TRIES,
+        help=f"attempts before dead-lettering, the first included (default {DEFAULT_MAX_TRIES})",
+    )
+    parser.add_argument(
+        "--retry-delays",
+        type=_delays,
+        default=DEFAULT_RETRY_DELAYS,
+        help="seconds between tries, comma-separated; the last repeats (default 1,5,30)",
+    )
+    parser.add_argument(
+        "--queue-type", choices=[t.value for t in QueueType], default=QueueType.CLASSIC.value
+    )
+    parser.add_argument(
+        "--no-declare",
+        dest="declare",
+        action="store_false",
+        help="do not declare queues, only check they exist (infrastructure owns them)",
+    )
+    parser.add_argument(
+        "--default-content-type",
+        default=JSON,
+        help="how to decode deliveries without a content type ('none': raw bytes)",
+    )
+    parser.add_argument(
+        "--stats-interval", type=whole_number(1), default=60, help="seconds between stats lines"
+    )
+    parser.add_argument(
+        "--connect-retries",
+        type=whole_number(0),
+        default=3,
+        help="connection retries at start before giving up (later losses retry for ever)",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.add_argument(
+        "--tracebacks", action="store_true", help="log tracebacks of handler failures"
+    )
+    return parser
+
+
+def _delays(text: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(float(part) for part in text.split(","))
+        RetryPolicy(delays, max_tries=2)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds like 1,5,30 (each at least 0.001), got {text!r}: {exc}"
+        ) from None
+    return delays
+
+
+def load_inbox(target: str) -> Inbox:
+    """Import ``MODULE:ATTRIBUTE`` (the attribute may be dotted) and return the ``Inbox`` it
+    names, or that a zero-argument factory there returns. Raises ``ValueError`` otherwise."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"expected MODULE:ATTRIBUTE, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(found, Inbox) and callable(found):
+        found = found()
+    if not isinstance(found, Inbox):
+        raise ValueError(f"{target} is a {type(found).__name__}, not an inbox.Inbox")
+    return found
+
+
+def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = None) -> int:
+    """Run ``inbox-worker``; see the module docstring for the exit codes."""
+    err = sys.stderr if stderr is None else stderr
+    parser = _worker_parser()
+    try:
+        args = parser.parse_args(argv)
+        broker = args.broker or os.environ.get(BROKER_URL_ENV)
+        if not broker:
+            raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
+        _configure_logging(args.log_level, args.tracebacks, err)
+        inbox = load_inbox(args.target)
+        content_type = (
+            None if args.default_content_type.lower() == "none" else args.default_content_type
+        )
+        worker = Worker(
+            inbox,
+            Connection(broker),
+            args.queues,
+            prefetch=args.prefetch,
+            retry=RetryPolicy(args.retry_delays, args.max_tries),
+            queue_type=args.queue_type,
+            declare=args.declare,
+            default_content_type=content_type,
+            stats_interval=args.stats_interval,
+        )
+    except (UsageError, ValueError, TypeError, KeyError, ImportError) as exc:
+        err.write(parser.format_usage())
+        err.write(f"inbox-worker: error: {exc}\n")
+        return EXIT_USAGE
+    where = safe_uri(worker.connection)
+    try:
+        worker.prepare(max_retries=args.connect_retries)
+    except Exception as exc:  # the CLI edge: one line, never a traceback
+        err.write(f"inbox-worker: error: broker {where}: {_first_line(exc)}\n")
+        return EXIT_BROKER_ERROR
+    install_signal_handlers(worker)
+    try:
+        worker.run()
+    except KeyboardInterrupt:
+        err.write("inbox-worker: stopped at once; the in-flight message will be redelivered\n")
+        return EXIT_BROKER_ERROR
+    except Exception as exc:
+        err.write(f"inbox-worker: error: {_first_line(exc)}\n")
+        return EXIT_BROKER_ERROR
+    return EXIT_OK
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Log records without their tracebacks: one line per failure."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text
+        record.exc_info = record.exc_text = None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(
+        logging.Formatter(_LOG_FORMAT) if tracebacks else _OneLineFormatter(_LOG_FORMAT)
+    )
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    if level != "DEBUG":  # kombu's and amqp's INFO lines repeat what the worker says
+        logging.getLogger("kombu").setLevel(logging.WARNING)
+        logging.getLogger("amqp").setLevel(logging.WARNING)

@@ -9,12 +9,16 @@ CI=true: in CI a missing server is a broken build, never a pass.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kombu import Connection
+from kombu.exceptions import ChannelError
 from sqlalchemy import (
     Column,
     Engine,
@@ -162,3 +166,67 @@ def pg_db(admin_engines: dict[str, Engine], tmp_path: Path) -> Iterator[Database
 def mariadb_db(admin_engines: dict[str, Engine], tmp_path: Path) -> Iterator[Database]:
     """A fresh MariaDB database."""
     yield from fresh_database("mariadb", admin_engines, tmp_path)
+
+
+AMQP_URL = os.environ.get("INBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+@dataclass
+class Rabbit:
+    """A RabbitMQ test area: queue names unique to one test, deleted after it."""
+
+    url: str
+    prefix: str
+
+    def queue(self, name: str = "q") -> str:
+        """A queue name unique to this test."""
+        return f"{self.prefix}.{name}"
+
+    def connection(self) -> Connection:
+        return Connection(self.url)
+
+    def depth(self, queue: str) -> int:
+        """Ready messages in ``queue`` (0 if it does not exist)."""
+        with self.connection() as connection, connection.channel() as channel:
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except ChannelError:
+                return 0
+
+    def take_all(self, queue: str) -> list[Any]:
+        """Remove and return every message in ``queue`` (kombu messages, acked)."""
+        taken: list[Any] = []
+        with self.connection() as connection, connection.channel() as channel:
+            while (raw := channel.basic_get(queue, no_ack=False)) is not None:
+                taken.append(channel.message_to_python(raw))
+                channel.basic_ack(raw.delivery_tag)
+        return taken
+
+    def delete_queues(self) -> None:
+        """Delete every queue whose name starts with this test's prefix."""
+        listed = subprocess.run(
+            ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        names = [n for n in listed.stdout.split() if n.startswith(self.prefix)]
+        with self.connection() as connection, connection.channel() as channel:
+            for name in names:
+                channel.queue_delete(queue=name)
+
+
+@pytest.fixture
+def rabbit() -> Iterator[Rabbit]:
+    """RabbitMQ at INBOX_TEST_AMQP_URL; skipped locally if unreachable, a failure under CI."""
+    try:
+        with Connection(AMQP_URL, connect_timeout=5) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        unreachable("rabbitmq", exc)
+    area = Rabbit(AMQP_URL, f"t-{uuid.uuid4().hex[:12]}")
+    try:
+        yield area
+    finally:
+        area.delete_queues()

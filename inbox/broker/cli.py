@@ -208,6 +208,9 @@ def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
-    if level != "DEBUG":  # kombu's and amqp's INFO lines repeat what the worker says
+    if level != "DEBUG":
+        # One line per event: the worker logs each failure and dead letter itself, so the
+        # core's per-handler lines (and kombu's connection chatter) are for DEBUG only.
+        logging.getLogger("inbox.core").setLevel(logging.ERROR)
         logging.getLogger("kombu").setLevel(logging.WARNING)
         logging.getLogger("amqp").setLevel(logging.WARNING)

@@ -1,0 +1,178 @@
+"""``inbox-worker``: exit codes, one-line errors, and one log line per failure and dead letter."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Rabbit
+
+from inbox.broker import Publisher
+from inbox.broker.cli import BROKER_URL_ENV, worker_main
+
+APP = """
+    import sqlalchemy as sa
+    from sqlalchemy.orm import sessionmaker
+
+    from inbox import Inbox
+    from inbox.schema import metadata
+
+    engine = sa.create_engine("sqlite:///{db}")
+    metadata.create_all(engine)
+    inbox = Inbox(sessionmaker(engine))
+    not_an_inbox = 42
+
+
+    def make_inbox():
+        return inbox
+
+
+    @inbox.handler("op", name="ops.fail")
+    def fail(message, session):
+        raise ValueError("card declined for " + str(message.body["ref"]))
+"""
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "cli_app.py").write_text(textwrap.dedent(APP.format(db=tmp_path / "app.db")))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "cli_app", raising=False)
+    monkeypatch.delenv(BROKER_URL_ENV, raising=False)
+    return tmp_path
+
+
+def run(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    code = worker_main(list(argv), stderr=err)
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cli_app", "--broker", "memory://", "--queue", "q"], "expected MODULE:ATTRIBUTE"),
+        (["no_such_module:inbox", "--broker", "memory://", "--queue", "q"], "cannot import"),
+        (["cli_app:nope", "--broker", "memory://", "--queue", "q"], "has no attribute 'nope'"),
+        (["cli_app:not_an_inbox", "--broker", "memory://", "--queue", "q"], "is a int, not an"),
+        (["cli_app:inbox", "--queue", "q"], f"no broker: pass --broker or set {BROKER_URL_ENV}"),
+        (["cli_app:inbox", "--broker", "memory://"], "--queue"),
+        (
+            ["cli_app:inbox", "--broker", "memory://", "--queue", "q", "--prefetch", "0"],
+            "between 1",
+        ),
+        (["cli_app:inbox", "--broker", "memory://", "--queue", "q", "--max-tries", "x"], "whole"),
+        (
+            ["cli_app:inbox", "--broker", "memory://", "--queue", "q", "--retry-delays", "1,-5"],
+            "expected seconds",
+        ),
+        (["cli_app:inbox", "--broker", "memory://", "--queue", "q", "--queue", "q"], "repeat"),
+        (["cli_app:inbox", "--broker", "nosuch://x", "--queue", "q"], "nosuch"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_error_line(
+    app_dir: Path, argv: list[str], message: str
+) -> None:
+    code, err = run(*argv)
+
+    assert code == 2
+    [line] = [x for x in err.splitlines() if x.startswith("inbox-worker: error:")]
+    assert message in line
+    assert "Traceback" not in err
+
+
+def test_a_factory_attribute_is_called_for_the_inbox(app_dir: Path) -> None:
+    code, err = run(
+        "cli_app:make_inbox",
+        "--broker",
+        "amqp://u:pw@127.0.0.1:1//",
+        "--queue",
+        "q",
+        "--connect-retries",
+        "0",
+    )
+    assert code == 1  # got past loading the inbox, then failed on the unreachable broker
+    assert "broker amqp://u:**@127.0.0.1:1//" in err
+
+
+def test_an_unreachable_broker_exits_1_with_one_line_and_no_password(
+    app_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(BROKER_URL_ENV, "amqp://guest:s3cret-pw@127.0.0.1:1//")
+    code, err = run("cli_app:inbox", "--queue", "q", "--connect-retries", "0")
+
+    assert code == 1
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines[-1].startswith("inbox-worker: error: broker amqp://guest:**@127.0.0.1:1//: ")
+    assert "s3cret-pw" not in err
+    assert "Traceback" not in err
+
+
+def test_the_worker_logs_one_line_per_failure_and_dead_letter_and_exits_0_on_sigterm(
+    app_dir: Path, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+    log = app_dir / "worker.log"
+    script = Path(sys.executable).with_name("inbox-worker")
+    command = (
+        [str(script)]
+        if script.exists()
+        else [
+            sys.executable,
+            "-c",
+            "import sys; from inbox.broker.cli import worker_main; sys.exit(worker_main())",
+        ]
+    )
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                *command,
+                "cli_app:inbox",
+                "--broker",
+                rabbit.url,
+                "--queue",
+                queue,
+                "--max-tries",
+                "2",
+                "--retry-delays",
+                "0.1",
+                "--stats-interval",
+                "3600",
+            ],
+            stderr=stderr,
+            cwd=app_dir,
+            env={**os.environ, "PYTHONPATH": str(app_dir)},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while rabbit.depth(queue) == 0 and "consuming" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            with Publisher(rabbit.url, routing_key=queue) as publisher:
+                publisher.publish("op", {"ref": "r1"})
+            while rabbit.depth(f"{queue}.dlq") == 0:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = log.read_text()
+    assert "Traceback" not in text
+    failures = [x for x in text.splitlines() if "try 1/2 failed" in x]
+    dead = [x for x in text.splitlines() if "dead-lettered to" in x]
+    assert len(failures) == 1
+    assert "ValueError: card declined for r1" in failures[0]
+    assert len(dead) == 1
+    assert len([x for x in text.splitlines() if "card declined" in x]) == 2
+    assert "handler-failed after 2 tries" in dead[0]
+    assert "worker stopped: deliveries=2 acked=0 processed=0" in text
+    assert "dead_lettered=1 (handler-failed=1)" in text

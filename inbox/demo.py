@@ -1,12 +1,15 @@
 """The demo: a stream full of duplicates and failures, and a ledger that proves exactly-once.
 
-Run ``python -m inbox.demo`` (SQLite in a temporary directory by default). A producer sends
-one ``order.paid`` message per order; the "broker" redelivers some of them (same id) and the
-producer re-sends others with a fresh id but the same ``idempotency-key``. Two handlers take
-each message: ``payments.capture`` fails on its first attempt for every 7th order, and
-``loyalty.award`` never fails. Failed deliveries are retried at the back of the queue. At
-the end the ledger counts rows per order in the business tables: every order must have
-exactly one payment and one loyalty award, or the demo exits 1.
+Run ``python -m inbox.demo``: SQLite in a temporary directory and kombu's in-memory broker
+by default; ``--broker amqp://...`` and ``--database-url ...`` run the same scenario on
+RabbitMQ and PostgreSQL (or MariaDB). A producer publishes one ``order.paid`` message per
+order, sends some of them again under the same id (as a producer retry or a broker
+redelivery would) and re-sends others with a fresh id but the same ``idempotency-key``. The
+worker consumes the queue; two handlers take each message: ``payments.capture`` fails on its
+first attempt for every 7th order, and ``loyalty.award`` never fails. Failed deliveries go
+through the worker's delayed-retry path. At the end the ledger counts rows per order in the
+business tables: every order must have exactly one payment and one loyalty award and nothing
+may be dead-lettered, or the demo exits 1.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import random
 import sys
 import tempfile
-from collections import deque
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +27,9 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import HandlerFailed, Inbox, Message, Outcome
-from inbox.message import IDEMPOTENCY_KEY_HEADER
+from inbox.broker import Publisher, RetryPolicy, Worker
+from inbox.core import Inbox
+from inbox.message import IDEMPOTENCY_KEY_HEADER, Message
 from inbox.schema import inbox_table
 
 __all__ = ["Ledger", "main", "run_demo"]
@@ -62,6 +66,7 @@ class Ledger:
     handler_runs_committed: int = 0
     duplicates_skipped: int = 0
     failures_retried: int = 0
+    dead_lettered: int = 0
     payments_committed: int = 0
     loyalty_committed: int = 0
     orders_paid_exactly_once: int = 0
@@ -71,7 +76,8 @@ class Ledger:
     def exact(self) -> bool:
         """True when every order has exactly one payment and exactly one loyalty award."""
         return (
-            self.orders_paid_exactly_once == self.orders
+            self.dead_lettered == 0
+            and self.orders_paid_exactly_once == self.orders
             and self.orders_awarded_exactly_once == self.orders
             and self.payments_committed == self.orders
             and self.loyalty_committed == self.orders
@@ -117,11 +123,19 @@ def delivery_stream(orders: int, rng: random.Random) -> tuple[list[Message], int
     return stream, redelivered, resent
 
 
-def run_demo(database_url: str, *, orders: int = 200, seed: int = 7) -> Ledger:
-    """Run the scenario against ``database_url`` (tables created if missing) and return the
-    ledger read back from the database."""
+DEMO_RETRY = RetryPolicy((0.05, 0.1), max_tries=4)
+
+
+def run_demo(
+    database_url: str, *, broker: str = "memory://", orders: int = 200, seed: int = 7
+) -> Ledger:
+    """Publish the scenario to ``broker``, consume it with the worker into ``database_url``
+    (demo tables dropped and created), and return the ledger read back from the database."""
     rng = random.Random(seed)
     engine = create_engine(database_url)
+    # A queue of its own per run; the demo deletes it, its retry queues and dead letters.
+    worker = None
+    queue = f"inbox-demo-{uuid.uuid4().hex[:8]}"
     try:
         business.drop_all(engine)
         business.create_all(engine)
@@ -129,18 +143,18 @@ def run_demo(database_url: str, *, orders: int = 200, seed: int = 7) -> Ledger:
         inbox = build_inbox(sessionmaker(engine), fail_first)
         stream, redelivered, resent = delivery_stream(orders, rng)
         ledger = Ledger(orders=orders, redelivered_same_id=redelivered, resent_fresh_id=resent)
-        queue = deque(stream)
-        while queue:
-            message = queue.popleft()
-            ledger.deliveries += 1
-            try:
-                outcomes = inbox.process(message).outcomes
-            except HandlerFailed as failed:
-                outcomes = failed.result.outcomes
-                ledger.failures_retried += 1
-                queue.append(message)  # the broker redelivers what was not acked
-            ledger.handler_runs_committed += sum(o is Outcome.PROCESSED for o in outcomes.values())
-            ledger.duplicates_skipped += sum(o is Outcome.DUPLICATE for o in outcomes.values())
+        worker = Worker(inbox, broker, [queue], prefetch=50, retry=DEMO_RETRY, stats_interval=None)
+        worker.prepare()
+        with Publisher(broker, routing_key=queue) as publisher:
+            for message in stream:
+                publisher.publish_message(message)
+        worker.run(idle_timeout=1.0)
+        stats = worker.stats
+        ledger.deliveries = stats.deliveries
+        ledger.handler_runs_committed = stats.processed
+        ledger.duplicates_skipped = stats.duplicates
+        ledger.failures_retried = stats.retried
+        ledger.dead_lettered = stats.dead_lettered
         with engine.connect() as connection:
             for table, total, exact in (
                 (payments, "payments_committed", "orders_paid_exactly_once"),
@@ -157,15 +171,18 @@ def run_demo(database_url: str, *, orders: int = 200, seed: int = 7) -> Ledger:
         return ledger
     finally:
         engine.dispose()
+        if worker is not None:
+            worker.delete_queues()
 
 
-def _print_ledger(ledger: Ledger, database: str) -> None:
+def _print_ledger(ledger: Ledger, database: str, broker: str) -> None:
     rows = [
         ("orders (business operations)", ledger.orders),
         ("deliveries", ledger.deliveries),
         ("  redelivered with the same id", ledger.redelivered_same_id),
         ("  re-sent with a fresh id, same idempotency-key", ledger.resent_fresh_id),
         ("  retried after a handler failure", ledger.failures_retried),
+        ("dead-lettered", ledger.dead_lettered),
         ("handler runs committed", ledger.handler_runs_committed),
         ("duplicates skipped", ledger.duplicates_skipped),
         ("payments committed", ledger.payments_committed),
@@ -173,7 +190,7 @@ def _print_ledger(ledger: Ledger, database: str) -> None:
         ("loyalty awards committed", ledger.loyalty_committed),
         ("orders awarded exactly once", ledger.orders_awarded_exactly_once),
     ]
-    print(f"inbox demo on {database}")
+    print(f"inbox demo: {broker} -> worker -> {database}")
     for label, value in rows:
         print(f"  {label:<48} {value:>6}")
     verdict = "EXACTLY ONCE: every effect committed once" if ledger.exact else "MISMATCH"
@@ -184,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo from the command line; exit 0 when the ledger is exact, else 1."""
     parser = argparse.ArgumentParser(prog="python -m inbox.demo", description=__doc__)
     parser.add_argument("--database-url", help="default: SQLite in a fresh temporary directory")
+    parser.add_argument(
+        "--broker", default="memory://", help="kombu broker URL (default: memory://, in-process)"
+    )
     parser.add_argument("--orders", type=int, default=200, help="business operations to send")
     parser.add_argument("--seed", type=int, default=7, help="seed for the delivery shuffle")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the inbox's log")
@@ -196,9 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="inbox-demo-") as tmp:
         url = args.database_url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        ledger = run_demo(url, orders=args.orders, seed=args.seed)
+        ledger = run_demo(url, broker=args.broker, orders=args.orders, seed=args.seed)
         shown = "SQLite (temporary file)" if args.database_url is None else "the given database"
-        _print_ledger(ledger, shown)
+        broker = "in-memory broker" if args.broker == "memory://" else "the given broker"
+        _print_ledger(ledger, shown, broker)
     return 0 if ledger.exact else 1
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Database
+from conftest import Database, Rabbit
 
 from inbox.demo import run_demo
 
@@ -21,6 +21,7 @@ def test_demo_command_runs_on_the_embedded_default_and_reports_exactly_once() ->
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EXACTLY ONCE" in done.stdout
+    assert "in-memory broker -> worker -> SQLite" in done.stdout
     assert "orders paid exactly once                            120" in done.stdout
 
 
@@ -36,3 +37,16 @@ def test_demo_ledger_is_exact_on_every_backend(db: Database, orders: int) -> Non
     # retry after a payment failure is a duplicate for the loyalty handler.
     assert ledger.duplicates_skipped == 2 * duplicates_expected + ledger.failures_retried
     assert ledger.deliveries == orders + duplicates_expected + ledger.failures_retried
+
+
+def test_demo_runs_the_same_scenario_through_rabbitmq_into_postgresql(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    ledger = run_demo(pg_db.url, broker=rabbit.url, orders=100, seed=5)
+
+    assert ledger.exact
+    assert ledger.dead_lettered == 0
+    assert ledger.failures_retried == 100 // 7
+    assert ledger.deliveries == (
+        100 + ledger.redelivered_same_id + ledger.resent_fresh_id + ledger.failures_retried
+    )

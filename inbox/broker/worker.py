@@ -201,6 +201,16 @@ class Worker(ConsumerMixin):
             with connection.channel() as channel:
                 self._declare(channel)
 
+    def delete_queues(self) -> None:
+        """Delete every queue the worker declares, messages and dead letters included.
+
+        For demos and tests that own their queues; never for a production queue.
+        """
+        with self.connection.clone() as connection, connection.channel() as channel:
+            for topology in self.topologies:
+                for queue in topology.queues():
+                    channel.queue_delete(queue.name)
+
     # ConsumerMixin hooks -------------------------------------------------------------
 
     def get_consumers(self, consumer_class: Any, channel: Any) -> list[Any]:

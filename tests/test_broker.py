@@ -20,6 +20,7 @@ import pytest
 from conftest import Database, Rabbit
 from helpers import record_effect
 from kombu import Connection
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from inbox import Inbox, Message, PublishError
@@ -428,3 +429,31 @@ def test_the_in_memory_transport_retries_and_dead_letters_too(pg_db: Database) -
         dead = connection.SimpleQueue(f"{queue}.dlq").get(timeout=1)
         assert dead.headers[h.TRIES] == 3
         assert dead.headers[h.REASON] == "handler-failed"
+
+
+def test_a_lost_database_connection_is_retried_in_place_not_through_the_broker(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+    calls: list[str] = []
+    inbox = Inbox(pg_db.sessions)
+
+    @inbox.handler("op", name="ops.apply")
+    def apply(message: Message, session: Session) -> None:
+        calls.append(message.body["ref"])
+        if len(calls) == 1:  # the server ends this very connection, mid-transaction
+            session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        record_effect(message, session, "ops.apply")
+
+    worker = Worker(inbox, rabbit.url, [queue], retry=QUICK)
+    worker.prepare()
+    with Publisher(rabbit.url, routing_key=queue) as publisher:
+        publisher.publish("op", {"ref": "r1"})
+
+    run_worker(worker)
+
+    assert calls == ["r1", "r1"]
+    assert pg_db.effect_counts() == {("r1", "ops.apply"): 1}
+    assert worker.stats.failed_tries == 0
+    assert worker.stats.retried == 0
+    assert worker.stats.acked == 1

@@ -237,6 +237,11 @@ class Worker(ConsumerMixin):
     def establish_connection(self) -> Iterator[Connection]:
         """Connect (retrying for ever), keeping the connection for the publishing channel."""
         with super().establish_connection() as connection:
+            # Deliveries queued or held from a lost connection can no longer be acked; the
+            # broker gives them back, so forget them instead of running them again.
+            self._inbound.clear()
+            self._held.clear()
+            self._busy = False
             self._live_connection = connection
             try:
                 yield connection

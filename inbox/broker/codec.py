@@ -8,12 +8,9 @@ deserializer that executes code.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
-
-from kombu.compression import decompress
+from typing import Final
 
 JSON: Final = "application/json"
 TEXT: Final = "text/plain"
@@ -76,22 +73,14 @@ def decode_body(
     data: bytes,
     content_type: str | None,
     content_encoding: str | None,
-    headers: Mapping[str, Any],
     default_content_type: str | None,
 ) -> object:
     """Decode a delivery's body: JSON (``application/json``, ``*+json``) to Python values,
     ``text/*`` to ``str``, anything else to the raw ``bytes``.
 
     A delivery without a content type is read as ``default_content_type`` (None: raw bytes).
-    A body compressed by kombu (``compression`` header) is decompressed first.
     Raises :class:`UndecodableBody` with the reason when the body does not decode.
     """
-    compression = headers.get("compression")
-    if compression is not None:
-        try:
-            data = decompress(data, str(compression))
-        except Exception as exc:
-            raise UndecodableBody(f"cannot decompress ({compression!r}): {exc}") from exc
     declared = content_type or default_content_type
     if not declared:
         return data

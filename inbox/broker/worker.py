@@ -29,6 +29,7 @@ from functools import partial
 from types import FrameType
 from typing import Any, Final
 
+from amqp.exceptions import MessageNacked
 from kombu.connection import Connection
 from kombu.message import Message as Delivery
 from kombu.mixins import ConsumerMixin
@@ -93,13 +94,26 @@ class _Rejected(Exception):
         self.detail = detail
 
 
+class _Refused(Exception):
+    """The broker did not take a retry or dead-letter copy (nacked, or no queue for it)."""
+
+
+class _StopRequested(Exception):
+    """Raised out of kombu's reconnect loop when the worker was told to stop."""
+
+
 @dataclass(order=True)
-class _HeldRetry:
+class _Held:
+    """An unacked delivery the worker forwards later: a retry on a transport without TTL
+    queues (forwarded to the consumed queue when its delay is over), or a copy the broker
+    refused (tried again with a growing backoff)."""
+
     due: float
     sequence: int
     delivery: Delivery = field(compare=False)
-    topology: QueueTopology = field(compare=False)
+    target: str = field(compare=False)
     headers: dict[str, Any] = field(compare=False)
+    refusals: int = field(default=0, compare=False)
 
 
 class Worker(ConsumerMixin):
@@ -157,12 +171,14 @@ class Worker(ConsumerMixin):
         self._inbox = inbox
         self._stats_interval = stats_interval
         self._publish_channel: Any = None
-        self._held: list[_HeldRetry] = []
+        self._held: list[_Held] = []
+        self._tearing_down = False
         self._sequence = itertools.count()
         self._idle_timeout: float | None = None
         self._live_connection: Connection | None = None
-        self._inbound: deque[tuple[QueueTopology, Delivery]] = deque()
+        self._inbound: deque[tuple[QueueTopology, Delivery, BaseException | None]] = deque()
         self._busy = False
+        self._returned: list[str] = []
         self._last_activity = time.monotonic()
         self._last_stats = time.monotonic()
 
@@ -187,6 +203,8 @@ class Worker(ConsumerMixin):
         interval = 1.0 if self.native_delays else 0.05
         try:
             super().run(safety_interval=interval)
+        except _StopRequested:
+            pass
         finally:
             logger.info("worker stopped: %s", self.stats.summary())
 
@@ -222,10 +240,15 @@ class Worker(ConsumerMixin):
         self._declare(channel)
         if self._live_connection is not None:
             self._publish_channel = self._live_connection.channel()
+            events = getattr(self._publish_channel, "events", None)
+            if self.native_delays and events is not None:
+                events["basic_return"].add(self._on_return)
         return [
             consumer_class(
                 queues=[topology.consumed_queue()],
                 on_message=partial(self._on_delivery, topology),
+                # kombu's default acks (drops) a body it cannot decompress: dead-letter it.
+                on_decode_error=partial(self._on_undecodable, topology),
                 prefetch_count=self.prefetch,
                 auto_declare=False,
                 no_ack=False,
@@ -235,13 +258,18 @@ class Worker(ConsumerMixin):
 
     @contextmanager
     def establish_connection(self) -> Iterator[Connection]:
-        """Connect (retrying for ever), keeping the connection for the publishing channel."""
-        with super().establish_connection() as connection:
+        """Connect, retrying for ever unless the worker is told to stop meanwhile; keep the
+        connection for the publishing channel."""
+        with self.create_connection() as connection:
+            connection.ensure_connection(
+                self.on_connection_error, self.connect_max_retries, callback=self._stop_check
+            )
             # Deliveries queued or held from a lost connection can no longer be acked; the
             # broker gives them back, so forget them instead of running them again.
             self._inbound.clear()
             self._held.clear()
             self._busy = False
+            self._tearing_down = False
             self._live_connection = connection
             try:
                 yield connection
@@ -261,9 +289,28 @@ class Worker(ConsumerMixin):
             ", ".join(f"{d:g}s" for d in self.retry.delays) or "none",
         )
 
+    @contextmanager
+    def extra_context(self, connection: Connection, channel: Any) -> Iterator[None]:
+        """Take no delivery while kombu tears the consumers down after an error: py-amqp
+        dispatches frames while it cancels them, on a connection that may be out of step."""
+        try:
+            yield
+        except BaseException:
+            self._tearing_down = True
+            raise
+
     def on_consume_end(self, connection: Connection, channel: Any) -> None:
-        """Forget deliveries held on the closed channel: the broker gives them back."""
-        self._held.clear()
+        """On a clean stop, forward every held delivery now (its delay cut short), or give
+        it back to the broker, while the channel is still open: some transports (the
+        in-memory one) drop unacked messages when the channel closes."""
+        held, self._held = self._held, []
+        for item in held:
+            try:
+                self._republish(item.delivery, item.target, item.headers)
+            except _Refused:
+                item.delivery.requeue()
+            else:
+                item.delivery.ack()
         self._inbound.clear()
         self._publish_channel = None
 
@@ -283,15 +330,24 @@ class Worker(ConsumerMixin):
 
     def on_connection_error(self, exc: Exception, interval: float) -> None:
         """Log a failed (re)connection attempt; kombu retries it after ``interval``."""
+        self._stop_check()
         logger.warning("broker connection failed (%s); retrying in %.1f s", exc, interval)
+
+    def _stop_check(self) -> None:
+        if self.should_stop:
+            raise _StopRequested
 
     # One delivery ----------------------------------------------------------------------
 
-    def _on_delivery(self, topology: QueueTopology, delivery: Delivery) -> None:
+    def _on_delivery(
+        self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None = None
+    ) -> None:
         # py-amqp dispatches deliveries that arrive while the worker waits for a publisher
         # confirm, i.e. inside the handling of another delivery. Queue them and handle them
         # one at a time, in order, after the current one.
-        self._inbound.append((topology, delivery))
+        if self._tearing_down:
+            return  # never acked: the broker gives it back
+        self._inbound.append((topology, delivery, decode_error))
         if self._busy:
             return
         self._busy = True
@@ -301,7 +357,14 @@ class Worker(ConsumerMixin):
         finally:
             self._busy = False
 
-    def _handle(self, topology: QueueTopology, delivery: Delivery) -> None:
+    def _on_undecodable(
+        self, topology: QueueTopology, delivery: Delivery, exc: BaseException
+    ) -> None:
+        self._on_delivery(topology, delivery, exc)
+
+    def _handle(
+        self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
+    ) -> None:
         if self.should_stop:
             delivery.requeue()
             self.stats.requeued_on_stop += 1
@@ -309,7 +372,7 @@ class Worker(ConsumerMixin):
         self.stats.deliveries += 1
         self._last_activity = time.monotonic()
         try:
-            message = self._to_message(delivery)
+            message = self._to_message(delivery, decode_error)
         except _Rejected as rejected:
             self._dead_letter(topology, delivery, rejected.reason, rejected.detail, {})
             return
@@ -335,7 +398,7 @@ class Worker(ConsumerMixin):
         delivery.ack()
         self.stats.acked += 1
 
-    def _to_message(self, delivery: Delivery) -> Message:
+    def _to_message(self, delivery: Delivery, decode_error: BaseException | None) -> Message:
         properties: Mapping[str, Any] = delivery.properties or {}
         headers: Mapping[str, Any] = delivery.headers or {}
         raw_id = properties.get("message_id")
@@ -345,12 +408,14 @@ class Worker(ConsumerMixin):
             message_id = parse_message_id(raw_id)
         except InvalidMessage as exc:
             raise _Rejected(InvalidReason.INVALID_ID, str(exc)) from None
+        if decode_error is not None:  # kombu could not decompress it (``compression`` header)
+            detail = f"cannot decompress ({headers.get('compression')!r}): {decode_error}"
+            raise _Rejected(InvalidReason.UNDECODABLE_BODY, detail)
         try:
             body = decode_body(
                 _body_bytes(delivery),
                 delivery.content_type,
                 delivery.content_encoding,
-                headers,
                 self.default_content_type,
             )
         except UndecodableBody as exc:
@@ -393,13 +458,9 @@ class Worker(ConsumerMixin):
         )
         self.stats.retried += 1
         if self.native_delays:
-            self._republish(delivery, topology.retry_queue(delay_ms), extra)
-            delivery.ack()
+            self._forward(delivery, topology.retry_queue(delay_ms), extra)
         else:
-            due = time.monotonic() + delay_ms / 1000
-            heapq.heappush(
-                self._held, _HeldRetry(due, next(self._sequence), delivery, topology, extra)
-            )
+            self._hold(delivery, topology.name, extra, delay_ms / 1000)
 
     def _dead_letter(
         self,
@@ -417,9 +478,7 @@ class Worker(ConsumerMixin):
         }
         if h.ERROR not in headers:
             headers[h.ERROR] = h.truncate(detail)
-        self._republish(delivery, topology.dead_letter_queue, headers)
-        # Acked only after the broker confirmed the dead letter: it is never in neither queue.
-        delivery.ack()
+        self._forward(delivery, topology.dead_letter_queue, headers)
         self.stats.dead_lettered += 1
         self.stats.dead_letter_reasons[str(reason)] += 1
         tries = headers.get(h.TRIES)
@@ -433,16 +492,54 @@ class Worker(ConsumerMixin):
             detail,
         )
 
+    def _forward(
+        self, delivery: Delivery, target: str, headers: Mapping[str, Any], refusals: int = 0
+    ) -> None:
+        """Publish a copy of ``delivery`` to ``target`` and, once the broker confirmed it,
+        ack the original: the message is in one queue or the other at every moment, and a
+        crash in between leaves two copies with one id, which the inbox deduplicates.
+        A refused copy leaves the original unacked and is tried again after a backoff."""
+        try:
+            self._republish(delivery, target, headers)
+        except _Refused as refused:
+            wait = min(30.0, 2.0**refusals)
+            logger.error(
+                "message %s: the broker refused its copy for %s (%s); kept unacked, "
+                "next attempt in %g s",
+                (delivery.properties or {}).get("message_id"),
+                target,
+                refused,
+                wait,
+            )
+            self._hold(delivery, target, headers, wait, refusals + 1)
+            return
+        delivery.ack()
+
+    def _hold(
+        self,
+        delivery: Delivery,
+        target: str,
+        headers: Mapping[str, Any],
+        seconds: float,
+        refusals: int = 0,
+    ) -> None:
+        due = time.monotonic() + seconds
+        item = _Held(due, next(self._sequence), delivery, target, dict(headers), refusals)
+        heapq.heappush(self._held, item)
+
     def _release_due_retries(self) -> None:
         now = time.monotonic()
         while self._held and self._held[0].due <= now:
-            held = heapq.heappop(self._held)
-            self._republish(held.delivery, held.topology.name, held.headers)
-            held.delivery.ack()
+            item = heapq.heappop(self._held)
+            self._forward(item.delivery, item.target, item.headers, item.refusals)
 
     def _republish(self, delivery: Delivery, queue: str, extra: Mapping[str, Any]) -> None:
         """Publish a copy of ``delivery`` (same body, id, type, content type, headers plus
-        ``extra``) persistently to ``queue`` and wait for the broker's confirm."""
+        ``extra``) persistently to ``queue`` and wait for the broker's confirm.
+
+        Raises :class:`_Refused` when the broker nacks it or no queue takes it (a
+        ``mandatory`` publish on RabbitMQ: a deleted dead-letter queue must not swallow it).
+        """
         channel = self._publish_channel
         properties = delivery.properties or {}
         kept = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
@@ -452,10 +549,23 @@ class Worker(ConsumerMixin):
             properties.get("priority"),
             delivery.content_type,
             delivery.content_encoding,
-            {**(delivery.headers or {}), **extra},
+            # kombu decompressed the body on receipt; the copy goes out uncompressed.
+            {k: v for k, v in (delivery.headers or {}).items() if k != "compression"} | dict(extra),
             kept,
         )
-        channel.basic_publish(prepared, exchange="", routing_key=queue)
+        if not self.native_delays:
+            channel.basic_publish(prepared, exchange="", routing_key=queue)
+            return
+        self._returned.clear()
+        try:
+            channel.basic_publish(prepared, exchange="", routing_key=queue, mandatory=True)
+        except MessageNacked as exc:
+            raise _Refused(f"nacked: {exc}") from exc
+        if self._returned:  # py-amqp dispatches basic.return before the confirm
+            raise _Refused(self._returned[0])
+
+    def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
+        self._returned.append(f"no queue {routing_key!r}: {exc}")
 
     def _declare(self, channel: Any) -> None:
         for topology in self.topologies:

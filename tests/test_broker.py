@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import subprocess
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -344,6 +347,42 @@ def test_publishing_to_a_queue_that_does_not_exist_is_an_error_not_a_silent_loss
         publisher.publish("op", {"ref": 1})
 
 
+def test_publisher_reports_a_missing_exchange_and_a_nack_as_publish_errors(
+    rabbit: Rabbit,
+) -> None:
+    queue = rabbit.queue()
+    Worker(Inbox(lambda: None), rabbit.url, [queue], retry=QUICK).prepare()  # type: ignore[arg-type,return-value]
+    policy = f"{rabbit.prefix}-full"
+    with Publisher(rabbit.url, routing_key=queue) as publisher:
+        with pytest.raises(PublishError, match="NOT_FOUND"):
+            publisher.publish("op", {}, exchange=f"{rabbit.prefix}-no-such-exchange")
+        publisher.publish("op", {"ref": "fits"})  # the publisher recovers from the error
+        set_policy(
+            policy, f"^{re.escape(queue)}$", '{"max-length": 1, "overflow": "reject-publish"}'
+        )
+        try:
+            with pytest.raises(PublishError, match="nacked"):
+                publisher.publish("op", {"ref": "does not fit"})
+        finally:
+            clear_policy(policy)
+    assert rabbit.depth(queue) == 1
+
+
+def set_policy(name: str, pattern: str, definition: str) -> None:
+    subprocess.run(
+        ["rabbitmqctl", "set_policy", name, pattern, definition, "--apply-to", "queues"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def clear_policy(name: str) -> None:
+    subprocess.run(
+        ["rabbitmqctl", "clear_policy", name], check=True, capture_output=True, timeout=60
+    )
+
+
 def test_publisher_refuses_what_it_cannot_send(rabbit: Rabbit) -> None:
     with Publisher(rabbit.url, routing_key=rabbit.queue()) as publisher:
         with pytest.raises(TypeError, match="not JSON-serializable"):
@@ -457,3 +496,160 @@ def test_a_lost_database_connection_is_retried_in_place_not_through_the_broker(
     assert worker.stats.failed_tries == 0
     assert worker.stats.retried == 0
     assert worker.stats.acked == 1
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    return runner
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_kombu_compressed_messages_are_processed_and_their_copies_stay_readable(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+    bodies: list[object] = []
+
+    def fail_on_poison(message: Message) -> None:
+        bodies.append(message.body)
+        if message.body["ref"] == "poison":
+            raise ValueError("poison")
+
+    worker = Worker(
+        make_inbox(pg_db, fail_on_poison),
+        rabbit.url,
+        [queue],
+        retry=RetryPolicy((0.2,), max_tries=2),
+    )
+    worker.prepare()
+    with Connection(rabbit.url) as connection:
+        producer = connection.Producer()
+        for ref in ("zipped", "poison"):
+            producer.publish(
+                {"ref": ref},
+                routing_key=queue,
+                serializer="json",
+                compression="zlib",
+                message_id=str(uuid.uuid4()),
+                type="op",
+            )
+        producer.publish(
+            b"not zlib at all",
+            routing_key=queue,
+            content_type="application/json",
+            content_encoding="binary",
+            headers={"compression": "application/x-gzip"},
+            message_id=str(uuid.uuid4()),
+            type="op",
+        )
+
+    run_worker(worker)
+
+    assert pg_db.effect_counts() == {("zipped", "ops.apply"): 1}
+    assert bodies.count({"ref": "poison"}) == 2  # the retry copy decoded as well
+    dead = {m.headers[h.REASON]: m for m in rabbit.take_all(f"{queue}.dlq")}
+    assert sorted(dead) == ["handler-failed", "undecodable-body"]
+    assert json.loads(as_bytes(dead["handler-failed"].body)) == {"ref": "poison"}
+    assert "compression" not in dead["handler-failed"].headers
+    assert "cannot decompress" in dead["undecodable-body"].headers[h.ERROR]
+
+
+def test_a_dead_letter_queue_deleted_under_the_worker_loses_nothing(
+    pg_db: Database, rabbit: Rabbit, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = rabbit.queue()
+    worker = Worker(make_inbox(pg_db), rabbit.url, [queue], retry=QUICK, stats_interval=None)
+    worker.prepare()
+    caplog.set_level(logging.INFO, logger="inbox.worker")
+    runner = run_in_thread(worker)
+    try:
+        wait_until(lambda: "consuming" in caplog.text)
+        with rabbit.connection() as connection, connection.channel() as channel:
+            channel.queue_delete(f"{queue}.dlq")
+        with Publisher(rabbit.url, routing_key=queue) as publisher:
+            publisher.publish("nobody.handles", {"ref": "lost?"})
+            publisher.publish("op", {"ref": "fine"})
+        wait_until(lambda: "the broker refused its copy" in caplog.text)
+        wait_until(lambda: pg_db.effect_counts() == {("fine", "ops.apply"): 1})
+        assert rabbit.depth(f"{queue}.dlq") == 0
+        Worker(make_inbox(pg_db), rabbit.url, [queue], retry=QUICK).prepare()  # operator fix
+        wait_until(lambda: rabbit.depth(f"{queue}.dlq") == 1)
+    finally:
+        worker.stop()
+        runner.join(20)
+    assert not runner.is_alive()
+    [dead] = rabbit.take_all(f"{queue}.dlq")
+    assert dead.headers[h.REASON] == "unhandled-type"
+    assert rabbit.depth(queue) == 0
+
+
+def test_a_nacked_dead_letter_is_kept_and_the_worker_goes_on(
+    pg_db: Database, rabbit: Rabbit, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = rabbit.queue()
+    policy = f"{rabbit.prefix}-full-dlq"
+    set_policy(
+        policy, f"^{re.escape(queue)}\\.dlq$", '{"max-length": 0, "overflow": "reject-publish"}'
+    )
+    worker = Worker(make_inbox(pg_db), rabbit.url, [queue], retry=QUICK, stats_interval=None)
+    caplog.set_level(logging.INFO, logger="inbox.worker")
+    try:
+        worker.prepare()
+        runner = run_in_thread(worker)
+        with Publisher(rabbit.url, routing_key=queue) as publisher:
+            publisher.publish("nobody.handles", {"ref": "x"})
+            for ref in range(3):
+                publisher.publish("op", {"ref": ref})
+        wait_until(lambda: "nacked" in caplog.text)
+        wait_until(lambda: len(pg_db.effect_counts()) == 3)
+        assert runner.is_alive()
+    finally:
+        clear_policy(policy)
+    wait_until(lambda: rabbit.depth(f"{queue}.dlq") == 1)
+    worker.stop()
+    runner.join(20)
+    assert not runner.is_alive()
+    assert rabbit.depth(queue) == 0
+
+
+def test_stop_ends_the_reconnect_loop_when_the_broker_is_down(pg_db: Database) -> None:
+    worker = Worker(make_inbox(pg_db), "amqp://guest:guest@127.0.0.1:1//", ["q"])
+    runner = run_in_thread(worker)
+    time.sleep(1.0)
+    assert runner.is_alive()  # still trying to connect
+    worker.stop()
+    runner.join(10)
+    assert not runner.is_alive()
+
+
+def test_stopping_the_in_memory_worker_hands_back_the_retries_it_holds(pg_db: Database) -> None:
+    queue = f"mem-{uuid.uuid4().hex[:8]}"
+    failing = [True]
+
+    def fail_while_told(message: Message) -> None:
+        if failing[0]:
+            raise RuntimeError("not yet")
+
+    slow = RetryPolicy((60.0,), max_tries=3)
+    worker = Worker(make_inbox(pg_db, fail_while_told), "memory://", [queue], retry=slow)
+    worker.prepare()
+    with Publisher("memory://", routing_key=queue) as publisher:
+        publisher.publish("op", {"ref": "held"})
+    runner = run_in_thread(worker)
+    wait_until(lambda: worker.stats.retried == 1)
+    worker.stop()
+    runner.join(10)
+    assert not runner.is_alive()
+
+    failing[0] = False
+    again = Worker(make_inbox(pg_db, fail_while_told), "memory://", [queue], retry=slow)
+    run_worker(again, idle=0.5)
+    assert again.stats.acked == 1
+    assert pg_db.effect_counts() == {("held", "ops.apply"): 1}

@@ -34,6 +34,10 @@ APP = """
         return inbox
 
 
+    def broken_factory():
+        raise RuntimeError("no config")
+
+
     @inbox.handler("op", name="ops.fail")
     def fail(message, session):
         raise ValueError("card declined for " + str(message.body["ref"]))
@@ -75,6 +79,8 @@ def run(*argv: str) -> tuple[int, str]:
         ),
         (["cli_app:inbox", "--broker", "memory://", "--queue", "q", "--queue", "q"], "repeat"),
         (["cli_app:inbox", "--broker", "nosuch://x", "--queue", "q"], "nosuch"),
+        (["cli_app:inbox", "--broker", "amqp://u:se#cret@h//", "--queue", "q"], "percent-encode"),
+        (["cli_app:broken_factory", "--broker", "memory://", "--queue", "q"], "RuntimeError"),
     ],
 )
 def test_bad_usage_exits_2_with_one_error_line(
@@ -83,6 +89,7 @@ def test_bad_usage_exits_2_with_one_error_line(
     code, err = run(*argv)
 
     assert code == 2
+    assert "cret@" not in err
     [line] = [x for x in err.splitlines() if x.startswith("inbox-worker: error:")]
     assert message in line
     assert "Traceback" not in err

@@ -130,7 +130,10 @@ def load_inbox(target: str) -> Inbox:
         except AttributeError:
             raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
     if not isinstance(found, Inbox) and callable(found):
-        found = found()
+        try:
+            found = found()
+        except Exception as exc:
+            raise ValueError(f"{target}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(found, Inbox):
         raise ValueError(f"{target} is a {type(found).__name__}, not an inbox.Inbox")
     return found
@@ -146,13 +149,14 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         if not broker:
             raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
         _configure_logging(args.log_level, args.tracebacks, err)
+        connection = _broker_connection(broker)
         inbox = load_inbox(args.target)
         content_type = (
             None if args.default_content_type.lower() == "none" else args.default_content_type
         )
         worker = Worker(
             inbox,
-            Connection(broker),
+            connection,
             args.queues,
             prefetch=args.prefetch,
             retry=RetryPolicy(args.retry_delays, args.max_tries),
@@ -168,6 +172,9 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
     where = safe_uri(worker.connection)
     try:
         worker.prepare(max_retries=args.connect_retries)
+    except KeyboardInterrupt:
+        err.write("inbox-worker: interrupted while connecting\n")
+        return EXIT_BROKER_ERROR
     except Exception as exc:  # the CLI edge: one line, never a traceback
         err.write(f"inbox-worker: error: broker {where}: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
@@ -181,6 +188,23 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         err.write(f"inbox-worker: error: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
     return EXIT_OK
+
+
+def _broker_connection(url: str) -> Connection:
+    """Parse the broker URL without ever echoing it: a password with an unescaped ``#`` or
+    ``/`` would otherwise show up in the parser's error."""
+    scheme = url.partition("://")[0] if "://" in url else "?"
+    try:
+        connection = Connection(url)
+        connection.transport_cls  # noqa: B018 - resolves the transport: unknown ones fail here
+        connection.as_uri()
+    except Exception as exc:
+        raise ValueError(
+            f"--broker: not a usable kombu URL (scheme {scheme!r}, {type(exc).__name__}); check "
+            "the transport name, its client library, and percent-encode special characters "
+            "in the user name and password"
+        ) from None
+    return connection
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final, Self
 
+from amqp.exceptions import ChannelError as AMQPChannelError
 from amqp.exceptions import MessageNacked
 from kombu.connection import Connection
 from kombu.entity import Exchange
+from kombu.exceptions import ChannelError as KombuChannelError
+from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
 from inbox.broker.codec import encode_body
@@ -33,6 +36,10 @@ _RETRY_POLICY: Final = {"max_retries": 3, "interval_start": 0.2, "interval_step"
 
 class Publisher:
     """Publish persistent, confirmed messages with UUIDv7 ids. One per thread.
+
+    Every failure to publish raises :class:`inbox.PublishError`: the broker unreachable
+    (after a few reconnects), the message nacked, an exchange that does not exist, or (on
+    RabbitMQ) no queue bound for the routing key. Publishing the same message again is safe.
 
     ``broker`` is a URL or a kombu ``Connection`` (cloned; the publisher owns the clone and
     closes it in :meth:`close`). ``exchange`` and ``routing_key`` are the defaults for
@@ -148,6 +155,7 @@ class Publisher:
         if producer is None:
             producer = Producer(self.connection, on_return=self._on_return)
             self._producer = producer
+        message_id = properties["message_id"]
         self._returned.clear()
         try:
             producer.publish(
@@ -162,10 +170,17 @@ class Publisher:
                 **properties,
             )
         except MessageNacked as exc:
-            raise PublishError(f"the broker refused message {properties['message_id']}") from exc
+            raise PublishError(f"the broker refused (nacked) message {message_id}") from exc
+        except OperationalError as exc:
+            # kombu counts a nack as recoverable: it reconnects, re-sends, then gives up.
+            if isinstance(exc.__cause__ or exc.__context__, MessageNacked):
+                raise PublishError(f"the broker refused (nacked) message {message_id}") from exc
+            raise PublishError(f"could not publish message {message_id}: {exc}") from exc
+        except (AMQPChannelError, KombuChannelError) as exc:
+            raise PublishError(f"the broker refused message {message_id}: {exc}") from exc
         if self._returned:
             raise PublishError(
-                f"message {properties['message_id']} was not routed to any queue "
+                f"message {message_id} was not routed to any queue "
                 f"(exchange {exchange!r}, routing key {routing_key!r}): {self._returned[0]}"
             )
 

@@ -1,0 +1,534 @@
+"""Chaos harness: many things go wrong at once, and every operation still commits exactly once.
+
+    .venv/bin/python benchmarks/chaos/run.py                       # short mode (CI): 5,000 ops
+    .venv/bin/python benchmarks/chaos/run.py --database mariadb    # the same on MariaDB
+    .venv/bin/python benchmarks/chaos/run.py --soak                # 200,000 ops + a DB restart
+
+Publishes N business operations through RabbitMQ (a vhost of its own) with duplicates:
+copies under the same message id (producer retries, redeliveries) and copies under a fresh id
+with the same ``idempotency-key``. K ``inbox-worker`` processes (``app.py``) consume them into
+a fresh PostgreSQL schema or MariaDB database while the harness injects faults at random:
+SIGKILL of a worker from outside, SIGKILL from inside a handler and between commit and ack,
+server-side closes of every AMQP connection, terminations of the workers' database
+sessions, handlers that raise, poison operations that always raise, and (soak) a database
+restart. Killed workers are respawned. At the end the ledger must show every operation
+committed exactly once, or dead-lettered with its reason: zero missing, zero doubled.
+
+Prints a one-screen report and writes JSON to benchmarks/results/; exits 1 if the ledger
+is not exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos_tables import effects, metadata
+from kombu import Connection
+from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy.engine import make_url
+
+from inbox.broker import Publisher
+from inbox.errors import PublishError
+from inbox.schema import metadata as inbox_metadata
+
+HERE = Path(__file__).resolve().parent
+QUEUE = "ops"
+URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+AMQP = "amqp://guest:guest@127.0.0.1:5672"
+
+
+@dataclass
+class Settings:
+    """Everything a run is configured with (recorded in the JSON)."""
+
+    database: str
+    ops: int
+    workers: int
+    same_id_rate: float
+    fresh_id_rate: float
+    fail_rate: float
+    poison_every: int
+    kill_in_handler: float
+    kill_after_commit: float
+    fault_interval: float
+    restart_database: bool
+    seed: int
+    timeout: float
+
+
+@dataclass
+class Run:
+    """What happened during a run."""
+
+    published: int = 0
+    same_id_copies: int = 0
+    fresh_id_copies: int = 0
+    publish_retries: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    spawned: int = 0
+    exits: Counter[str] = field(default_factory=Counter)
+
+
+def rabbitmqctl(*args: str) -> str:
+    done = subprocess.run(
+        ["rabbitmqctl", "--quiet", *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    return done.stdout
+
+
+@contextmanager
+def vhost() -> Iterator[str]:
+    """A RabbitMQ vhost of its own: faults close only this run's connections."""
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    try:
+        yield name
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+@contextmanager
+def database(kind: str, application_name: str) -> Iterator[tuple[str, Engine]]:
+    """A fresh schema (PostgreSQL) or database (MariaDB) with the inbox and effect tables."""
+    base = make_url(URLS[kind])
+    name = f"chaos_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    with admin.connect() as connection:
+        connection.execute(
+            text(f"CREATE {'SCHEMA' if kind == 'postgresql' else 'DATABASE'} {name}")
+        )
+    if kind == "postgresql":
+        url = base.update_query_dict(
+            {"options": f"-csearch_path={name}", "application_name": application_name}
+        )
+    else:
+        url = base.set(database=name)
+    engine = create_engine(url, pool_pre_ping=True)
+    inbox_metadata.create_all(engine)
+    metadata.create_all(engine)
+    try:
+        yield url.render_as_string(hide_password=False), engine
+    finally:
+        engine.dispose()
+        with admin.connect() as connection:
+            drop = (
+                f"DROP SCHEMA {name} CASCADE" if kind == "postgresql" else f"DROP DATABASE {name}"
+            )
+            connection.execute(text(drop))
+        admin.dispose()
+
+
+class Workers:
+    """K ``inbox-worker`` processes, respawned when they die."""
+
+    def __init__(self, settings: Settings, broker: str, database_url: str, logs: Path) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.database_url = database_url
+        self.logs = logs
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.log_files: list[Path] = []
+        self.run = Run()
+        self.lock = threading.Lock()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        script = Path(sys.executable).with_name("inbox-worker")
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "inbox.broker.cli"]
+        log = self.logs / f"worker-{len(self.log_files):03d}.log"
+        env = {
+            **os.environ,
+            "CHAOS_DATABASE_URL": self.database_url,
+            "CHAOS_FAIL_RATE": str(self.settings.fail_rate),
+            "CHAOS_POISON_EVERY": str(self.settings.poison_every),
+            "CHAOS_KILL_IN_HANDLER": str(self.settings.kill_in_handler),
+            "CHAOS_KILL_AFTER_COMMIT": str(self.settings.kill_after_commit),
+        }
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(
+                [
+                    *command, "app:inbox", "--broker", self.broker, "--queue", QUEUE,
+                    "--prefetch", "20", "--max-tries", "8", "--retry-delays", "0.1,0.3,1",
+                    "--log-level", "DEBUG", "--stats-interval", "3600",
+                    "--connect-retries", "30",
+                ],
+                cwd=HERE,
+                env=env,
+                stderr=stderr,
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        self.log_files.append(log)
+        self.run.spawned += 1
+        return process
+
+    def start_all(self) -> None:
+        with self.lock:
+            self.processes = [self.start() for _ in range(self.settings.workers)]
+
+    def respawn_dead(self) -> None:
+        with self.lock:
+            for i, process in enumerate(self.processes):
+                code = process.poll()
+                if code is not None:
+                    self.run.exits["SIGKILL" if code == -signal.SIGKILL else f"exit {code}"] += 1
+                    self.processes[i] = self.start()
+
+    def kill_one(self, rng: random.Random) -> None:
+        with self.lock:
+            rng.choice(self.processes).send_signal(signal.SIGKILL)
+
+    def stop_all(self) -> list[int]:
+        with self.lock:
+            for process in self.processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            codes = []
+            for process in self.processes:
+                try:
+                    codes.append(process.wait(60))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    codes.append(process.wait())
+            return codes
+
+
+def terminate_sessions(kind: str, engine: Engine, application_name: str) -> int:
+    """End every database session of the workers, from the server side."""
+    admin = create_engine(URLS[kind], isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            if kind == "postgresql":
+                return len(
+                    connection.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE application_name = :name"
+                        ),
+                        {"name": application_name},
+                    ).all()
+                )
+            schema = engine.url.database
+            ids = connection.execute(
+                text("SELECT id FROM information_schema.processlist WHERE db = :db"), {"db": schema}
+            ).scalars()
+            killed = 0
+            for session_id in ids:
+                try:
+                    connection.execute(text(f"KILL {int(session_id)}"))
+                    killed += 1
+                except Exception:
+                    pass  # the session ended meanwhile
+            return killed
+    finally:
+        admin.dispose()
+
+
+def publish_all(settings: Settings, broker: str, run: Run, done: threading.Event) -> None:
+    """Publish every operation once, plus duplicate copies, in a shuffled order."""
+    rng = random.Random(settings.seed)
+    order = list(range(settings.ops))
+    rng.shuffle(order)
+    with Publisher(broker, routing_key=QUEUE) as publisher:
+
+        def send(op: int, message_id: uuid.UUID | None) -> uuid.UUID:
+            while True:
+                try:
+                    sent = publisher.publish(
+                        "op", {"op": op}, idempotency_key=f"op-{op}", message_id=message_id
+                    )
+                except PublishError:
+                    run.publish_retries += 1  # a fault closed the connection: send again
+                    time.sleep(0.2)
+                    continue
+                run.published += 1
+                return sent
+
+        for op in order:
+            first = send(op, None)
+            if rng.random() < settings.same_id_rate:
+                send(op, first)
+                run.same_id_copies += 1
+            if rng.random() < settings.fresh_id_rate:
+                send(op, None)
+                run.fresh_id_copies += 1
+    done.set()
+
+
+def queue_depths(vhost_name: str) -> dict[str, int]:
+    """Messages (ready + unacked) per queue of the run's vhost."""
+    out = rabbitmqctl("list_queues", "-p", vhost_name, "--no-table-headers", "name", "messages")
+    return {name: int(count) for name, count in (line.split() for line in out.splitlines() if line)}
+
+
+def ledger(engine: Engine) -> Counter[int]:
+    with engine.connect() as connection:
+        rows = connection.execute(select(effects.c.op, func.count()).group_by(effects.c.op))
+        return Counter({int(op): int(n) for op, n in rows})
+
+
+def drain_dead_letters(broker: str) -> list[tuple[int, str]]:
+    """(operation, reason) of every dead letter."""
+    found: list[tuple[int, str]] = []
+    with Connection(broker) as connection, connection.channel() as channel:
+        while (raw := channel.basic_get(f"{QUEUE}.dlq", no_ack=False)) is not None:
+            message = channel.message_to_python(raw)
+            body = message.body
+            op = json.loads(body if isinstance(body, str | bytes) else bytes(body))["op"]
+            found.append((int(op), str(message.headers.get("x-inbox-reason"))))
+            channel.basic_ack(raw.delivery_tag)
+    return found
+
+
+LOG_PATTERNS = {
+    "processed": re.compile(r"\) processed by ledger\.apply"),
+    "duplicates_skipped": re.compile(r"duplicate skipped"),
+    "failed_tries": re.compile(r"try \d+/\d+ failed"),
+    "dead_lettered": re.compile(r"dead-lettered to"),
+    "self_kill_in_handler": re.compile(r"chaos: SIGKILL in-handler"),
+    "self_kill_after_commit": re.compile(r"chaos: SIGKILL after-commit"),
+    "transient_db_retries": re.compile(r"transient database error"),
+    "broker_reconnects": re.compile(r"Connection to broker lost|broker connection failed"),
+}
+
+
+def count_logs(paths: list[Path]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for path in paths:
+        text_ = path.read_text(errors="replace")
+        for name, pattern in LOG_PATTERNS.items():
+            counts[name] += len(pattern.findall(text_))
+    return dict(counts)
+
+
+def chaos(settings: Settings) -> dict[str, Any]:
+    rng = random.Random(settings.seed + 1)
+    application_name = f"chaos-{uuid.uuid4().hex[:8]}"
+    logs = HERE.parent / "results" / f"chaos-logs-{application_name}"
+    logs.mkdir(parents=True, exist_ok=True)
+    with vhost() as vhost_name, database(settings.database, application_name) as (url, engine):
+        broker = f"{AMQP}/{vhost_name}"
+        workers = Workers(settings, broker, url, logs)
+        run = workers.run
+        started = time.monotonic()
+        workers.start_all()
+        published = threading.Event()
+        publisher = threading.Thread(
+            target=publish_all, args=(settings, broker, run, published), daemon=True
+        )
+        time.sleep(2.0)  # let the workers declare the topology before the first publish
+        publisher.start()
+        poison = {
+            op
+            for op in range(settings.ops)
+            if settings.poison_every and op % settings.poison_every == 0
+        }
+        restarted = False
+        next_fault = time.monotonic() + settings.fault_interval
+        while True:
+            workers.respawn_dead()
+            now = time.monotonic()
+            if now - started > settings.timeout:
+                raise SystemExit(f"chaos: not settled after {settings.timeout} s")
+            counts = ledger(engine)
+            settled = published.is_set() and len(counts) >= settings.ops - len(poison)
+            if settled:
+                depths = queue_depths(vhost_name)
+                busy = {q: n for q, n in depths.items() if q != f"{QUEUE}.dlq" and n}
+                if not busy and depths.get(f"{QUEUE}.dlq", 0) >= len(poison):
+                    break
+            if now >= next_fault and not settled:
+                kind = rng.choice(
+                    ["kill_worker", "close_amqp_connections", "terminate_db_sessions"]
+                )
+                if kind == "kill_worker":
+                    workers.kill_one(rng)
+                elif kind == "close_amqp_connections":
+                    rabbitmqctl("close_all_connections", "--vhost", vhost_name, "chaos")
+                else:
+                    terminate_sessions(settings.database, engine, application_name)
+                run.faults[kind] += 1
+                if settings.restart_database and not restarted and len(counts) > settings.ops // 2:
+                    restart_database(settings.database)
+                    run.faults["database_restart"] += 1
+                    restarted = True
+                next_fault = now + rng.uniform(0.5, 1.5) * settings.fault_interval
+            time.sleep(0.25)
+        wall = time.monotonic() - started
+        exit_codes = workers.stop_all()
+        counts = ledger(engine)
+        dead = drain_dead_letters(broker)
+        final_depths = queue_depths(vhost_name)
+    from_logs = count_logs(workers.log_files)
+    dead_ops = {op for op, _ in dead}
+    doubled = sorted(op for op, n in counts.items() if n > 1)
+    missing = sorted(
+        op for op in range(settings.ops) if counts.get(op, 0) == 0 and op not in dead_ops
+    )
+    poison_not_dead = sorted(poison - dead_ops)
+    report = {
+        "operations": settings.ops,
+        "messages_published": run.published,
+        "same_id_copies": run.same_id_copies,
+        "fresh_id_copies": run.fresh_id_copies,
+        "publish_retries": run.publish_retries,
+        "workers": settings.workers,
+        "workers_spawned": run.spawned,
+        "worker_exits_during_run": dict(run.exits),
+        "final_exit_codes": exit_codes,
+        "faults_injected": {
+            **dict(run.faults),
+            "self_kill_in_handler": from_logs.get("self_kill_in_handler", 0),
+            "self_kill_after_commit": from_logs.get("self_kill_after_commit", 0),
+            "handler_failures_injected": from_logs.get("failed_tries", 0),
+        },
+        "from_worker_logs": from_logs,
+        "effects_committed": sum(counts.values()),
+        "operations_committed_once": sum(1 for n in counts.values() if n == 1),
+        "doubled": doubled,
+        "missing": missing,
+        "dead_letters": dict(Counter(reason for _, reason in dead)),
+        "dead_letter_operations": len(dead_ops),
+        "poison_operations": len(poison),
+        "poison_not_dead_lettered": poison_not_dead,
+        "queues_at_end": final_depths,
+        "wall_seconds": round(wall, 1),
+        "operations_per_second": round(settings.ops / wall, 1),
+        "logs": str(logs),
+    }
+    report["exact"] = (
+        not doubled
+        and not missing
+        and not poison_not_dead
+        and all(n == 0 for n in final_depths.values())
+        and all(code == 0 for code in exit_codes)
+    )
+    return report
+
+
+def restart_database(kind: str) -> None:
+    if kind == "postgresql":
+        version = sorted(os.listdir("/etc/postgresql"))[0]
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+            check=True,
+            timeout=120,
+        )
+    else:
+        raise SystemExit("--restart-database is implemented for PostgreSQL only")
+
+
+def print_report(report: dict[str, Any], settings: Settings) -> None:
+    faults = report["faults_injected"]
+    logged = report["from_worker_logs"]
+    lines = [
+        f"chaos on {settings.database}: {settings.ops} operations, {settings.workers} workers",
+        f"  messages published            {report['messages_published']:>8} "
+        f"(same-id copies {report['same_id_copies']}, fresh-id copies "
+        f"{report['fresh_id_copies']}, publish retries {report['publish_retries']})",
+        *(
+            f"  {label:<30}{logged.get(key, 0):>8}"
+            for label, key in (
+                ("handler runs committed", "processed"),
+                ("duplicates skipped", "duplicates_skipped"),
+                ("failed tries (retried)", "failed_tries"),
+                ("transient DB retries in place", "transient_db_retries"),
+                ("broker reconnects", "broker_reconnects"),
+            )
+        ),
+        "  faults injected               "
+        + ", ".join(f"{k}={v}" for k, v in sorted(faults.items())),
+        f"  workers spawned               {report['workers_spawned']:>8} "
+        f"(exits during run: {report['worker_exits_during_run']})",
+        f"  dead letters                  {report['dead_letter_operations']:>8} "
+        f"{report['dead_letters']} (poison ops: {report['poison_operations']})",
+        f"  operations committed once     {report['operations_committed_once']:>8}",
+        f"  doubled effects               {len(report['doubled']):>8}",
+        f"  lost operations               {len(report['missing']):>8}",
+        f"  queues at end                 {report['queues_at_end']}",
+        f"  wall time                     {report['wall_seconds']:>8} s "
+        f"({report['operations_per_second']} ops/s)",
+        "EXACT: every operation committed once or dead-lettered with its reason"
+        if report["exact"]
+        else "NOT EXACT",
+    ]
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database", choices=sorted(URLS), default="postgresql")
+    parser.add_argument("--soak", action="store_true", help="200,000 ops and a database restart")
+    parser.add_argument("--ops", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--same-id-rate", type=float, default=0.2)
+    parser.add_argument("--fresh-id-rate", type=float, default=0.1)
+    parser.add_argument("--fail-rate", type=float, default=0.02)
+    parser.add_argument("--poison-every", type=int, default=997)
+    parser.add_argument("--kill-in-handler", type=float, default=0.001)
+    parser.add_argument("--kill-after-commit", type=float, default=0.001)
+    parser.add_argument("--fault-interval", type=float, default=1.5)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    ops = args.ops or (200_000 if args.soak else 5_000)
+    settings = Settings(
+        database=args.database,
+        ops=ops,
+        workers=args.workers,
+        same_id_rate=args.same_id_rate,
+        fresh_id_rate=args.fresh_id_rate,
+        fail_rate=args.fail_rate,
+        poison_every=args.poison_every,
+        kill_in_handler=args.kill_in_handler,
+        kill_after_commit=args.kill_after_commit,
+        fault_interval=args.fault_interval,
+        restart_database=args.soak and args.database == "postgresql",
+        seed=args.seed,
+        timeout=args.timeout or max(300.0, ops / 20),
+    )
+    report = chaos(settings)
+    print_report(report, settings)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = args.json or HERE.parent / "results" / f"chaos-{settings.database}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": "chaos",
+                "when": stamp,
+                "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                "settings": settings.__dict__,
+                "report": report,
+            },
+            indent=2,
+        )
+    )
+    print(f"JSON: {path}")
+    return 0 if report["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

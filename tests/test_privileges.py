@@ -1,0 +1,88 @@
+"""Least privilege on PostgreSQL, as the README documents it: the worker's role needs INSERT
+on the inbox table and SELECT on its two key columns (``ON CONFLICT (message_id, handler)``
+reads them); it never deletes or updates a claim. The cleanup job's role needs SELECT, UPDATE
+(for the batch's ``FOR UPDATE SKIP LOCKED``) and DELETE."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from conftest import Database
+from helpers import record_effect
+from sqlalchemy import create_engine, insert, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.orm import Session, sessionmaker
+
+from inbox import HandlerFailed, Inbox, Message, Outcome, cleanup
+from inbox.schema import metadata
+
+
+@pytest.fixture
+def role(pg_db: Database) -> Iterator[str]:
+    name = f"inbox_role_{uuid.uuid4().hex[:10]}"
+    schema = make_url(pg_db.url).query["options"].removeprefix("-csearch_path=")
+    with pg_db.engine.begin() as connection:
+        connection.execute(text(f"CREATE ROLE {name} LOGIN"))
+        connection.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {name}"))
+    try:
+        yield name
+    finally:
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"DROP OWNED BY {name}"))
+            connection.execute(text(f"DROP ROLE {name}"))
+
+
+def as_role(pg_db: Database, role: str) -> str:
+    return make_url(pg_db.url).set(username=role).render_as_string(hide_password=False)
+
+
+def test_the_worker_needs_insert_and_select_on_the_key_only(pg_db: Database, role: str) -> None:
+    inbox_table = metadata.tables["inbox_message"]
+    with pg_db.engine.begin() as connection:
+        connection.execute(text(f"GRANT INSERT ON inbox_message TO {role}"))
+        connection.execute(text(f"GRANT INSERT, SELECT ON effects TO {role}"))  # the app's table
+        connection.execute(text(f"GRANT USAGE ON SEQUENCE effects_id_seq TO {role}"))
+    engine = create_engine(as_role(pg_db, role))
+    try:
+        inbox = Inbox(sessionmaker(engine))
+
+        @inbox.handler("op", name="ops.apply")
+        def apply(message: Message, session: Session) -> None:
+            record_effect(message, session, "ops.apply")
+
+        message = Message.new("op", {"ref": "r1"})
+        with pytest.raises(HandlerFailed) as insert_only:
+            inbox.process(message)
+        assert "permission denied" in str(insert_only.value.failures["ops.apply"])
+        with pg_db.engine.begin() as connection:
+            connection.execute(
+                text(f"GRANT SELECT (message_id, handler) ON inbox_message TO {role}")
+            )
+        assert inbox.process(message).outcome is Outcome.PROCESSED
+        assert inbox.process(message).outcome is Outcome.DUPLICATE
+        with pytest.raises(ProgrammingError, match="permission denied"), engine.begin() as c:
+            c.execute(inbox_table.delete())
+    finally:
+        engine.dispose()
+    assert pg_db.effect_counts() == {("r1", "ops.apply"): 1}
+
+
+def test_cleanup_needs_select_update_and_delete(pg_db: Database, role: str) -> None:
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=40)
+    with pg_db.engine.begin() as connection:
+        connection.execute(
+            insert(metadata.tables["inbox_message"]),
+            [{"message_id": uuid.uuid4().bytes, "handler": "h", "processed_at": old} for _ in "ab"],
+        )
+        connection.execute(text(f"GRANT SELECT, DELETE ON inbox_message TO {role}"))
+    url = as_role(pg_db, role)
+    with pytest.raises(ProgrammingError, match="permission denied"):
+        cleanup(url, days=30)  # FOR UPDATE needs UPDATE as well
+    with pg_db.engine.begin() as connection:
+        connection.execute(text(f"GRANT UPDATE ON inbox_message TO {role}"))
+    assert cleanup(url, days=30).deleted == 2
+    assert pg_db.count(metadata.tables["inbox_message"]) == 0

@@ -422,6 +422,7 @@ def chaos(settings: Settings) -> dict[str, Any]:
         and not poison_not_dead
         and all(n == 0 for n in final_depths.values())
         and all(code == 0 for code in exit_codes)
+        and set(run.exits) <= {"SIGKILL"}  # a worker died only when the harness killed it
     )
     return report
 

@@ -214,10 +214,21 @@ class Worker(ConsumerMixin):
         Raises the broker's error when it is unreachable or a queue cannot be declared: call
         this before :meth:`run` to fail fast on a bad configuration.
         """
-        with self.connection.clone() as connection:
-            connection.ensure_connection(max_retries=max_retries)
-            with connection.channel() as channel:
-                self._declare(channel)
+        attempt = 0
+        while True:
+            try:
+                with self.connection.clone() as connection:
+                    connection.ensure_connection(max_retries=max_retries)
+                    with connection.channel() as channel:
+                        self._declare(channel)
+                return
+            except self.connection.recoverable_connection_errors:
+                # The connection was lost while declaring (say the server closed it): the
+                # topology may be half declared; declaring is idempotent, so do it again.
+                attempt += 1
+                if max_retries is not None and attempt > max_retries:
+                    raise
+                time.sleep(min(2.0 * attempt, 10.0))
 
     def delete_queues(self) -> None:
         """Delete every queue the worker declares, messages and dead letters included.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
@@ -100,7 +101,7 @@ def cleanup_main(
         url = _database_url(args.database_url)
     except (UsageError, ValueError) as exc:
         err.write(parser.format_usage())
-        err.write(f"inbox-cleanup: error: {exc}\n")
+        err.write(f"inbox-cleanup: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
     try:
         report = cleanup(
@@ -125,8 +126,17 @@ def _database_url(given: str | None) -> URL:
         raise ValueError(f"no database: pass --database-url or set {DATABASE_URL_ENV}")
     try:
         return make_url(text)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # never echo the parser's text: it may hold the password
         raise ValueError("--database-url is not a valid SQLAlchemy URL") from None
+
+
+_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^\s:/@]*:)[^\s@]*@")
+
+
+def mask_urls(text: str) -> str:
+    """``text`` with the password of every URL in it masked (argparse echoes arguments it
+    did not recognise, URLs given in the wrong place included)."""
+    return _URL_CREDENTIALS.sub(r"\g<head>***@", text)
 
 
 def _one_line(exc: BaseException, url: URL) -> str:

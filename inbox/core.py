@@ -257,7 +257,12 @@ def _now() -> dt.datetime:
 def _resolve_key(handler: RegisteredHandler, message: Message) -> bytes:
     if handler.key is None:
         business_key = message.idempotency_key
-        return message.id.bytes if business_key is None else key_bytes(business_key)
+        if business_key is None:
+            return message.id.bytes
+        try:
+            return key_bytes(business_key)
+        except ValueError as exc:
+            raise InvalidKey(handler.name, message.id, f"idempotency-key: {exc}") from None
     try:
         value = handler.key(message)
     except Exception as exc:

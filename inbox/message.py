@@ -85,12 +85,22 @@ def key_bytes(value: object) -> bytes:
     if isinstance(value, str):
         if not value:
             raise ValueError("key is an empty string")
+        if not _is_utf8(value):
+            raise ValueError("key is not valid Unicode text (it holds a lone surrogate)")
         return uuid.uuid5(KEY_NAMESPACE, value).bytes
     if isinstance(value, bytes):
         if len(value) != 16:
             raise ValueError(f"key given as bytes must be exactly 16 bytes, got {len(value)}")
         return value
     raise ValueError(f"key must be a non-empty str, a UUID or 16 bytes, got {type(value).__name__}")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -133,6 +143,11 @@ class Message:
             raise InvalidMessage(
                 f"message {message_id}: header {IDEMPOTENCY_KEY_HEADER!r} must be a non-empty "
                 f"string, got {_describe_type(key) if not isinstance(key, str) else 'empty str'}"
+            )
+        if key is not None and not _is_utf8(key):
+            raise InvalidMessage(
+                f"message {message_id}: header {IDEMPOTENCY_KEY_HEADER!r} is not valid Unicode "
+                "text (it holds a lone surrogate)"
             )
         object.__setattr__(self, "id", message_id)
         object.__setattr__(self, "type", type)

@@ -79,6 +79,12 @@ def validate_name(name: object) -> str:
         )
     if "\x00" in name:
         raise RegistrationError("handler name must not contain NUL characters")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RegistrationError(
+            f"handler name {name!r} is not valid Unicode text (it holds a lone surrogate)"
+        ) from None
     return name
 
 

@@ -126,7 +126,11 @@ def resolve_table(table: str | Table) -> Table:
         raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
     if table == DEFAULT_TABLE_NAME:
         return inbox_message
-    schema, _, name = table.rpartition(".")
+    schema, dot, name = table.rpartition(".")
+    if dot and not schema:
+        raise ValueError(
+            f"inbox table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
+        )
     return inbox_table(MetaData(), name, schema=schema or None)
 
 

@@ -27,6 +27,7 @@ from inbox.cli import (
     EXIT_USAGE,
     UsageError,
     UsageParser,
+    mask_urls,
     whole_number,
 )
 from inbox.core import Inbox
@@ -167,7 +168,7 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         )
     except (UsageError, ValueError, TypeError, KeyError, ImportError) as exc:
         err.write(parser.format_usage())
-        err.write(f"inbox-worker: error: {exc}\n")
+        err.write(f"inbox-worker: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
     where = safe_uri(worker.connection)
     try:

@@ -92,7 +92,7 @@ def decode_body(
         return data
     try:
         text = data.decode(charset)
-    except (LookupError, UnicodeDecodeError) as exc:
+    except (LookupError, UnicodeError, ValueError, TypeError) as exc:
         raise UndecodableBody(f"body is not valid {charset} text: {exc}") from exc
     if not is_json:
         return text

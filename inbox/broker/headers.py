@@ -28,6 +28,7 @@ DEAD_LETTERED_AT: Final = "x-inbox-dead-lettered-at"
 """On a dead letter: UTC time it was dead-lettered, ISO 8601."""
 
 _MAX_ERROR_CHARS: Final = 1000
+_MAX_TRIES_HEADER: Final = 2**31 - 1  # a signed 32-bit AMQP field: room to add one
 
 
 def now_utc() -> str:
@@ -38,8 +39,8 @@ def now_utc() -> str:
 def tries_so_far(headers: Mapping[str, Any]) -> int:
     """The failed attempts recorded on a delivery (0 when the header is absent or garbled)."""
     value = headers.get(TRIES)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TRIES_HEADER:
+        return 0  # absent, or not written by a worker: count from here
     return value
 
 

@@ -249,6 +249,10 @@ class Worker(ConsumerMixin):
         starts: opening it later would read deliveries in the middle of the handshake.
         """
         self._declare(channel)
+        # py-amqp would decode bodies whose content_encoding names a text codec, and the
+        # round trip back to bytes is not lossless (UTF-16 gains a BOM): keep the bytes.
+        if hasattr(channel, "auto_decode"):
+            channel.auto_decode = False
         if self._live_connection is not None:
             self._publish_channel = self._live_connection.channel()
             events = getattr(self._publish_channel, "events", None)

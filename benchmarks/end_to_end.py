@@ -17,10 +17,7 @@ wait at the end are not counted). Prints a table and writes JSON to benchmarks/r
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -29,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kombu import Connection, Consumer, Queue
-from overhead import INSERT_ORDER, fresh_schema, installed, one_statement
+from overhead import INSERT_ORDER, fresh_schema, one_statement, write_report
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -151,28 +148,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{ratios[f'prefetch-{p}']:12.3f}"
         )
     print("target: inbox/plain >= 0.80 at prefetch 100")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.json or Path(__file__).parent / "results" / f"end-to-end-{stamp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    report = {
-        "benchmark": "end_to_end",
-        "when": stamp,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
+    write_report(
+        "end_to_end",
+        args.json,
+        ("inbox", "SQLAlchemy", "psycopg", "kombu", "amqp"),
+        {
+            "database": make_url(args.database_url).render_as_string(hide_password=True),
+            "broker": Connection(args.broker).as_uri(),
+            "parameters": {
+                "messages": args.messages,
+                "rounds": args.rounds,
+                "prefetch": args.prefetch,
+            },
+            "samples_msg_per_s": samples,
+            "median_msg_per_s": median,
+            "inbox_over_plain": ratios,
         },
-        "versions": {p: installed(p) for p in ("inbox", "SQLAlchemy", "psycopg", "kombu", "amqp")},
-        "database": make_url(args.database_url).render_as_string(hide_password=True),
-        "broker": Connection(args.broker).as_uri(),
-        "parameters": {"messages": args.messages, "rounds": args.rounds, "prefetch": args.prefetch},
-        "samples_msg_per_s": samples,
-        "median_msg_per_s": median,
-        "inbox_over_plain": ratios,
-    }
-    path.write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {path}")
+    )
     return 0
 
 

@@ -241,6 +241,31 @@ def installed(package: str) -> str | None:
         return None
 
 
+def write_report(
+    benchmark: str, path: Path | None, packages: tuple[str, ...], body: dict[str, Any]
+) -> Path:
+    """Write ``body`` with the machine, the package versions and the command as JSON to
+    ``path`` (default: ``benchmarks/results/<benchmark>-<UTC time>.json``) and say where."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = path or Path(__file__).parent / "results" / f"{benchmark.replace('_', '-')}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": benchmark,
+        "when": stamp,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "versions": {p: installed(p) for p in packages},
+        **body,
+    }
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nJSON: {path}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=os.environ.get("INBOX_BENCH_URL", DEFAULT_URL))
@@ -251,30 +276,21 @@ def main(argv: list[str] | None = None) -> int:
     measured = run(args.database_url, args.messages, args.rounds)
     summary = summarise(measured["samples"])
     print_table(summary, args, f"{measured['dialect']} {measured['server_version']}")
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.json or Path(__file__).parent / "results" / f"overhead-{stamp}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    report = {
-        "benchmark": "overhead",
-        "when": stamp,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
+    write_report(
+        "overhead",
+        args.json,
+        ("inbox", "SQLAlchemy", "psycopg", "PyMySQL"),
+        {
+            "database": {
+                "dialect": measured["dialect"],
+                "server_version": measured["server_version"],
+                "url": make_url(args.database_url).render_as_string(hide_password=True),
+            },
+            "parameters": {"messages": args.messages, "rounds": args.rounds},
+            "samples_us_per_message": measured["samples"],
+            "summary": summary,
         },
-        "versions": {p: installed(p) for p in ("inbox", "SQLAlchemy", "psycopg", "PyMySQL")},
-        "database": {
-            "dialect": measured["dialect"],
-            "server_version": measured["server_version"],
-            "url": make_url(args.database_url).render_as_string(hide_password=True),
-        },
-        "parameters": {"messages": args.messages, "rounds": args.rounds},
-        "samples_us_per_message": measured["samples"],
-        "summary": summary,
-    }
-    path.write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {path}")
+    )
     return 0
 
 

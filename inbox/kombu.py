@@ -1,23 +1,6 @@
 """The kombu broker edge under the name the architecture gives it; see :mod:`inbox.broker`."""
 
-from inbox.broker import (
-    InvalidReason,
-    Publisher,
-    QueueTopology,
-    QueueType,
-    RetryPolicy,
-    Worker,
-    WorkerStats,
-    install_signal_handlers,
-)
+from inbox import broker as _broker
+from inbox.broker import *  # noqa: F403 - the same public names, re-exported unchanged
 
-__all__ = [
-    "InvalidReason",
-    "Publisher",
-    "QueueTopology",
-    "QueueType",
-    "RetryPolicy",
-    "Worker",
-    "WorkerStats",
-    "install_signal_handlers",
-]
+__all__ = _broker.__all__

@@ -389,6 +389,34 @@ def test_sigterm_finishes_and_acks_the_in_flight_message(
     assert (stats["deliveries"], stats["processed"], stats["duplicates"]) == (2, 2, 0), stats
 
 
+def test_a_second_sigterm_stops_at_once_and_the_in_flight_message_is_redelivered(
+    pg_db: Database, rabbit: Rabbit, workers: Workers, tmp_path: Path
+) -> None:
+    queue = rabbit.queue("sigterm2")
+    declare(rabbit, queue)
+    publish(rabbit, queue, ["h0"])
+    started_file = tmp_path / "started"
+    slow = workers.start(
+        queue, env={"BROKER_APP_SLOW": "5", "BROKER_APP_STARTED_FILE": str(started_file)}
+    )
+    wait_for(started_file.exists, "the slow handler to start", workers)
+    slow.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    stopped_at = time.monotonic()
+    slow.process.send_signal(signal.SIGTERM)
+
+    assert slow.wait(timeout=10) == 1, slow.tail()
+    assert time.monotonic() - stopped_at < 4.0, "the second signal did not stop at once"
+    assert "stopped at once" in slow.log()
+    assert effects_by_ref(pg_db) == {}  # rolled back: nothing committed
+    assert queue_counts(rabbit)[queue] == (1, 0)  # back in the queue, not lost
+
+    second = workers.start(queue)
+    wait_drained(pg_db, rabbit, queue, {"h0"}, workers)
+    assert second.terminate() == 0, second.tail()
+    assert effects_by_ref(pg_db) == {"h0": 1}
+
+
 # --- 4. competing workers, duplicates published concurrently ---------------------------------
 
 

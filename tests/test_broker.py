@@ -368,6 +368,14 @@ def test_publisher_reports_a_missing_exchange_and_a_nack_as_publish_errors(
     assert rabbit.depth(queue) == 1
 
 
+def test_publishing_to_an_unreachable_broker_is_a_publish_error() -> None:
+    with (
+        Publisher("amqp://guest:guest@127.0.0.1:1//", routing_key="q") as publisher,
+        pytest.raises(PublishError, match=r"could not publish message .*Connection refused"),
+    ):
+        publisher.publish("op", {"ref": 1})
+
+
 def set_policy(name: str, pattern: str, definition: str) -> None:
     subprocess.run(
         ["rabbitmqctl", "set_policy", name, pattern, definition, "--apply-to", "queues"],

@@ -83,12 +83,16 @@ class Database:
             return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
 
 
-def unreachable(backend: str, exc: Exception) -> None:
-    """Skip locally, fail in CI: a database test must never pass by not running."""
-    message = f"{backend} server not reachable: {type(exc).__name__}: {exc}"
+def cannot_run(message: str) -> None:
+    """Skip locally, fail in CI: a database or broker test must never pass by not running."""
     if IN_CI:
-        pytest.fail(f"{message} (CI=true: database tests must run)")
+        pytest.fail(f"{message} (CI=true: database and broker tests must run)")
     pytest.skip(message)
+
+
+def unreachable(backend: str, exc: Exception) -> None:
+    """A server the test needs is down: :func:`cannot_run`."""
+    cannot_run(f"{backend} server not reachable: {type(exc).__name__}: {exc}")
 
 
 def _admin_engine(backend: str) -> Engine:

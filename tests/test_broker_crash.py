@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from conftest import IN_CI, Database, Rabbit
+from conftest import Database, Rabbit, cannot_run
 from helpers import record_effect
 from sqlalchemy.orm import Session
 
@@ -173,10 +173,7 @@ def _tools() -> None:
     """rabbitmqctl counts unacked messages and closes connections; ss finds a process's."""
     missing = [tool for tool in ("rabbitmqctl", "ss") if shutil.which(tool) is None]
     if missing:
-        message = f"needs {', '.join(missing)} on PATH"
-        if IN_CI:
-            pytest.fail(f"{message} (CI=true: broker tests must run)")
-        pytest.skip(message)
+        cannot_run(f"needs {', '.join(missing)} on PATH")
 
 
 @pytest.fixture

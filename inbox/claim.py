@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from typing import Final
+import sqlite3
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Final
 
-from sqlalchemy import Connection, Dialect, Executable, Table, insert
+from sqlalchemy import Connection, Dialect, Executable, Insert, Table, insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from inbox.errors import InboxError, UnsupportedDialect
 
-__all__ = ["Claimer", "claimer_for"]
+__all__ = ["BatchClaimer", "Claimer", "batch_claimer_for", "claimer_for"]
 
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
 
@@ -22,6 +23,13 @@ Claimer = Callable[[Connection, bytes, str, dt.datetime], bool]
 Returns True when this transaction inserted the row (it owns the message for that handler)
 and False when the row already exists (a duplicate).
 """
+
+BatchClaimer = Callable[[Connection, Sequence[bytes], str, dt.datetime], Collection[bytes]]
+"""Insert the claims ``(key, handler, processed_at)`` for distinct ``keys`` at once; return
+the keys this transaction inserted (it owns them); the others were duplicates."""
+
+# SQLite learned INSERT ... RETURNING in 3.35.
+_SQLITE_RETURNING: Final = (3, 35)
 
 
 def claimer_for(table: Table, dialect: Dialect) -> Claimer:
@@ -37,8 +45,8 @@ def claimer_for(table: Table, dialect: Dialect) -> Claimer:
     key = [table.c.message_id, table.c.handler]
     dialect_name = dialect.name
     if dialect_name == "postgresql":
-        return _rowcount_claimer(
-            postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
+        return _postgresql_claimer(
+            postgresql.insert(table).on_conflict_do_nothing(index_elements=key), dialect
         )
     if dialect_name == "sqlite":
         return _rowcount_claimer(sqlite.insert(table).on_conflict_do_nothing(index_elements=key))
@@ -48,6 +56,26 @@ def claimer_for(table: Table, dialect: Dialect) -> Claimer:
         f"the inbox has no claim statement for dialect {dialect_name!r}; "
         "supported: postgresql, sqlite, mysql/mariadb"
     )
+
+
+def _postgresql_claimer(statement: Insert, dialect: Dialect) -> Claimer:
+    # The claim runs once per handler transaction, so its SQL is rendered once here and sent
+    # with exec_driver_sql: no per-call compile-cache lookup or bind processing (the values
+    # are already what psycopg takes: bytes, str, an aware UTC datetime), but the same
+    # connection events, error wrapping, pool invalidation and logging as any statement.
+    # psycopg prepares the unchanging text on the server after a few executions.
+    sql = str(statement.compile(dialect=dialect))
+    fallback = _rowcount_claimer(statement)
+    options = {"preserve_rowcount": True}
+
+    def claim(connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
+        if connection.get_execution_options().get("schema_translate_map"):
+            return fallback(connection, key, handler, at)  # the rendered name may not apply
+        params = {"message_id": key, "handler": handler, "processed_at": at}
+        result = connection.exec_driver_sql(sql, params, execution_options=options)
+        return _won(result.rowcount)
+
+    return claim
 
 
 def _rowcount_claimer(statement: Executable) -> Claimer:
@@ -98,3 +126,53 @@ def _is_primary_key_duplicate(exc: IntegrityError) -> bool:
         # MariaDB says "for key 'PRIMARY'", MySQL 8 "for key '<table>.PRIMARY'".
         and "PRIMARY'" in args[1]
     )
+
+
+def batch_claimer_for(table: Table, dialect: Dialect) -> BatchClaimer:
+    """Return the claim function for many keys at once, for ``table`` on a dialect.
+
+    PostgreSQL and SQLite (3.35+) send ONE statement, ``INSERT ... VALUES (...), (...) ON
+    CONFLICT DO NOTHING RETURNING message_id``: the returned keys are the ones this
+    transaction won. MySQL/MariaDB cannot say which rows of a multi-row insert-or-ignore
+    were inserted (and ``INSERT IGNORE`` would hide other errors), so there each key gets
+    the single-row claim, all in the same transaction: still one commit for the batch.
+    Callers pass keys in a fixed (sorted) order, so concurrent batches that share keys take
+    their row locks in the same order instead of deadlocking.
+    """
+    key = [table.c.message_id, table.c.handler]
+    dialect_name = dialect.name
+    if dialect_name == "postgresql":
+        returning: Insert = postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
+    elif dialect_name == "sqlite" and sqlite3.sqlite_version_info >= _SQLITE_RETURNING:
+        returning = sqlite.insert(table).on_conflict_do_nothing(index_elements=key)
+    else:
+        return _one_by_one(claimer_for(table, dialect))
+    return _returning_claimer(returning.returning(table.c.message_id))
+
+
+def _returning_claimer(statement: Insert) -> BatchClaimer:
+    def claim_many(
+        connection: Connection, keys: Sequence[bytes], handler: str, at: dt.datetime
+    ) -> Collection[bytes]:
+        if not keys:
+            return frozenset()
+        rows: list[dict[str, Any]] = [
+            {"message_id": key, "handler": handler, "processed_at": at} for key in keys
+        ]
+        # One parameter set per key: SQLAlchemy's "insertmanyvalues" sends them as a single
+        # multi-row INSERT ... RETURNING (in pages of 1,000 rows).
+        won = {uuid.bytes for uuid in connection.execute(statement, rows).scalars()}
+        if not won <= set(keys):
+            raise InboxError("the claim insert returned a key it was not given")
+        return won
+
+    return claim_many
+
+
+def _one_by_one(claim: Claimer) -> BatchClaimer:
+    def claim_many(
+        connection: Connection, keys: Sequence[bytes], handler: str, at: dt.datetime
+    ) -> Collection[bytes]:
+        return {key for key in keys if claim(connection, key, handler, at)}
+
+    return claim_many

@@ -1433,11 +1433,36 @@ def is_built_string(node: ast.expr) -> bool:
     )
 
 
+def is_compiled_construct(node: ast.expr) -> bool:
+    """``str(<construct>.compile(...))``: SQL that SQLAlchemy rendered from a statement."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "str"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Call)
+        and isinstance(node.args[0].func, ast.Attribute)
+        and node.args[0].func.attr == "compile"
+    )
+
+
 def raw_sql_findings(source: str) -> tuple[list[str], list[str]]:
-    """(every raw-SQL call with its first argument, the ones whose SQL text is computed)."""
+    """(every raw-SQL call with its first argument, the ones whose SQL text is computed).
+
+    A name bound to ``str(<construct>.compile(...))`` counts as safe SQL: SQLAlchemy
+    rendered it from a statement, with bound parameters, and no string was formatted.
+    """
     found: list[str] = []
     bad: list[str] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    rendered = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and is_compiled_construct(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -1446,7 +1471,8 @@ def raw_sql_findings(source: str) -> tuple[list[str], list[str]]:
         if name in RAW_SQL_CALLS:
             found.append(f"{name}({ast.unparse(first) if first else ''})")
             literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
-            if not literal:
+            compiled = isinstance(first, ast.Name) and first.id in rendered
+            if not literal and not compiled:
                 bad.append(f"line {node.lineno}: {name}() of a computed string")
         if name in EXECUTING_CALLS and first is not None and is_built_string(first):
             bad.append(f"line {node.lineno}: {name}() of a formatted string")
@@ -1462,9 +1488,13 @@ def test_the_checker_catches_formatted_sql() -> None:
         'connection.exec_driver_sql(f"SELECT {x}")',
         'connection.execute("SELECT " + x)',
         "text(sql)",
+        "sql = str(name)\nconnection.exec_driver_sql(sql)",
+        "sql = str(query).format(x)\nconnection.exec_driver_sql(sql)",
     ]:
         assert raw_sql_findings(snippet)[1], snippet
     assert raw_sql_findings('text("SELECT 1"); connection.execute(select(t))')[1] == []
+    rendered = "sql = str(insert(t).compile(dialect=d))\nconnection.exec_driver_sql(sql, params)"
+    assert raw_sql_findings(rendered)[1] == []
 
 
 def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:

@@ -6,15 +6,17 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, overload
 
 from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
-from inbox.claim import Claimer, claimer_for
+from inbox.claim import BatchClaimer, Claimer, batch_claimer_for, claimer_for
 from inbox.errors import (
     HandlerFailed,
+    InboxError,
     InvalidKey,
     RegistrationError,
     UnhandledMessage,
@@ -85,6 +87,7 @@ class Inbox:
         self._transient_retries = transient_retries
         self._registry = Registry()
         self._claimers: dict[str, Claimer] = {}
+        self._batch_claimers: dict[str, BatchClaimer] = {}
         self._guards: dict[str, Mapping[str, Callable[..., NoReturn]]] = {}
 
     @property
@@ -167,9 +170,13 @@ class Inbox:
             logger.info("message %s of type %r ignored: no handler", message.id, message.type)
             return ProcessResult(message.id, {})
         keys = [_resolve_key(h, message) for h in handlers]
+        return self._process_resolved(_Planned(message, handlers, keys))
+
+    def _process_resolved(self, planned: _Planned) -> ProcessResult:
+        message = planned.message
         outcomes: dict[str, Outcome] = {}
         failures: dict[str, Exception] = {}
-        for handler, key in zip(handlers, keys, strict=True):
+        for handler, key in zip(planned.handlers, planned.keys, strict=True):
             try:
                 outcomes[handler.name] = self._run_with_retries(handler, key, message)
             except Exception as exc:
@@ -185,6 +192,177 @@ class Inbox:
         if failures:
             raise HandlerFailed(message.id, failures, result) from next(iter(failures.values()))
         return result
+
+    def process_batch(self, messages: Sequence[Message]) -> list[ProcessResult | InboxError]:
+        """Process many messages in ONE transaction, with one claim statement per handler,
+        and return, for each message in order, its result or the error :meth:`process`
+        would have raised for it (:class:`HandlerFailed`, :class:`UnhandledMessage`,
+        :class:`InvalidKey`).
+
+        Every handler that takes a message runs only if its claim is new, exactly as in
+        :meth:`process`, and everything commits together. If the batch transaction fails,
+        it is split in halves and each half is tried again, down to single messages, which
+        go through :meth:`process`: healthy messages commit and only the failing ones come
+        back as errors. A transient database error (deadlock, lost connection...) that
+        outlasts ``transient_retries`` is not bisected: every message of the batch comes
+        back as :class:`HandlerFailed` with it, to be retried later.
+
+        A key shared by two messages of the batch (the same id delivered twice, or one
+        idempotency key) is claimed once: the first message runs, the later one is a
+        duplicate. Handlers run in message order, and for each message in registration
+        order, as they would one :meth:`process` call after another.
+        """
+        if isinstance(messages, Message) or not isinstance(messages, Sequence):
+            raise TypeError(
+                f"process_batch() takes a sequence of inbox.Message, got {type(messages).__name__}"
+            )
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(
+                    f"process_batch() takes inbox.Message items, got {type(message).__name__}"
+                )
+        results: list[ProcessResult | InboxError | None] = [None] * len(messages)
+        planned: list[tuple[int, _Planned]] = []
+        for index, message in enumerate(messages):
+            handlers = self._registry.for_type(message.type)
+            if not handlers:
+                if self._on_unhandled is Unhandled.RAISE:
+                    results[index] = UnhandledMessage(message.id, message.type)
+                else:
+                    logger.info(
+                        "message %s of type %r ignored: no handler", message.id, message.type
+                    )
+                    results[index] = ProcessResult(message.id, {})
+                continue
+            try:
+                keys = [_resolve_key(h, message) for h in handlers]
+            except InvalidKey as exc:
+                results[index] = exc
+                continue
+            planned.append((index, _Planned(message, handlers, keys)))
+        settled = self._settle_batch([p for _, p in planned])
+        for (index, _), outcome in zip(planned, settled, strict=True):
+            results[index] = outcome
+        return [r for r in results if r is not None]
+
+    def _settle_batch(self, batch: Sequence[_Planned]) -> list[ProcessResult | InboxError]:
+        if len(batch) <= 1:
+            return [self._process_alone(planned) for planned in batch]
+        try:
+            return self._run_batch_with_retries(batch)
+        except Exception as exc:
+            failure = exc
+        # Outside the except block: the halves' own errors must not chain to this one.
+        if is_transient(failure):
+            logger.warning(
+                "batch of %d messages failed with a transient database error after %d "
+                "retries (%s); every message of it will be retried",
+                len(batch),
+                self._transient_retries,
+                type(failure).__name__,
+                exc_info=failure,
+            )
+            return [_batch_failure(planned, failure) for planned in batch]
+        middle = len(batch) // 2
+        logger.info(
+            "batch of %d messages rolled back (%s: %s); splitting it in %d + %d",
+            len(batch),
+            type(failure).__name__,
+            failure,
+            middle,
+            len(batch) - middle,
+        )
+        del failure
+        return self._settle_batch(batch[:middle]) + self._settle_batch(batch[middle:])
+
+    def _process_alone(self, planned: _Planned) -> ProcessResult | InboxError:
+        try:
+            return self._process_resolved(planned)
+        except HandlerFailed as failed:
+            return failed
+
+    def _run_batch_with_retries(
+        self, batch: Sequence[_Planned]
+    ) -> list[ProcessResult | InboxError]:
+        attempt = 0
+        while True:
+            try:
+                return list(self._run_batch_once(batch))
+            except Exception as exc:
+                if attempt >= self._transient_retries or not is_transient(exc):
+                    raise
+                attempt += 1
+                delay = _RETRY_BASE_DELAY * 2**attempt * random.uniform(0.5, 1.5)
+                logger.info(
+                    "batch of %d messages: transient database error (%s), retry %d/%d in %.3f s",
+                    len(batch),
+                    type(exc).__name__,
+                    attempt,
+                    self._transient_retries,
+                    delay,
+                )
+                time.sleep(delay)
+
+    def _run_batch_once(self, batch: Sequence[_Planned]) -> list[ProcessResult]:
+        session = self._session_factory()
+        refuse_busy_session(session)
+        session_type = type(session)
+        outcomes: list[dict[str, Outcome]] = [{} for _ in batch]
+        try:
+            transaction, connection = begin_claim_transaction(session, self._bind_clause)
+            won = self._claim_batch(connection, batch)
+            ran: list[str] = []
+            for planned, message_outcomes in zip(batch, outcomes, strict=True):
+                for handler, key in zip(planned.handlers, planned.keys, strict=True):
+                    owned = won[handler.name]
+                    if key not in owned:
+                        message_outcomes[handler.name] = Outcome.DUPLICATE
+                        continue
+                    owned.discard(key)  # a later message with this key is a duplicate
+                    guard_session(session, self._guards[handler.name])
+                    try:
+                        handler.func(planned.message, session)
+                    finally:
+                        unguard_session(session)
+                    ran.append(handler.name)
+                    message_outcomes[handler.name] = Outcome.PROCESSED
+            ensure_committable(session, transaction, connection, ", ".join(dict.fromkeys(ran)))
+            session_type.commit(session)
+        except BaseException:
+            _rollback_quietly(session, session_type)
+            raise
+        finally:
+            session_type.close(session)
+        results = []
+        for planned, message_outcomes in zip(batch, outcomes, strict=True):
+            message = planned.message
+            for name, outcome in message_outcomes.items():
+                if outcome is Outcome.DUPLICATE:
+                    logger.info(
+                        "duplicate skipped: message %s (type %r) already processed by %s",
+                        message.id,
+                        message.type,
+                        name,
+                    )
+            results.append(ProcessResult(message.id, message_outcomes))
+        return results
+
+    def _claim_batch(
+        self, connection: Connection, batch: Sequence[_Planned]
+    ) -> dict[str, set[bytes]]:
+        """One claim statement per handler for all its keys in the batch; the keys won."""
+        keys_by_handler: dict[str, set[bytes]] = {}
+        for planned in batch:
+            for handler, key in zip(planned.handlers, planned.keys, strict=True):
+                keys_by_handler.setdefault(handler.name, set()).add(key)
+        claim_many = self._batch_claimer(connection)
+        at = _now()
+        won: dict[str, set[bytes]] = {}
+        for handler in self._registry:  # registration order, as every batch does
+            keys = keys_by_handler.get(handler.name)
+            if keys:
+                won[handler.name] = set(claim_many(connection, sorted(keys), handler.name, at))
+        return won
 
     def _run_with_retries(
         self, handler: RegisteredHandler, key: bytes, message: Message
@@ -241,6 +419,14 @@ class Inbox:
         logger.debug("message %s (type %r) processed by %s", message.id, message.type, handler.name)
         return Outcome.PROCESSED
 
+    def _batch_claimer(self, connection: Connection) -> BatchClaimer:
+        dialect = connection.dialect
+        claimer = self._batch_claimers.get(dialect.name)
+        if claimer is None:
+            claimer = batch_claimer_for(self._table, dialect)
+            self._batch_claimers[dialect.name] = claimer
+        return claimer
+
     def _claimer(self, connection: Connection) -> Claimer:
         dialect = connection.dialect
         claimer = self._claimers.get(dialect.name)
@@ -248,6 +434,23 @@ class Inbox:
             claimer = claimer_for(self._table, dialect)
             self._claimers[dialect.name] = claimer
         return claimer
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A message with the handlers that take it and each handler's claim key."""
+
+    message: Message
+    handlers: Sequence[RegisteredHandler]
+    keys: Sequence[bytes]
+
+
+def _batch_failure(planned: _Planned, exc: Exception) -> HandlerFailed:
+    message = planned.message
+    failures: dict[str, Exception] = {handler.name: exc for handler in planned.handlers}
+    failed = HandlerFailed(message.id, failures, ProcessResult(message.id, {}))
+    failed.__cause__ = exc
+    return failed
 
 
 def _now() -> dt.datetime:

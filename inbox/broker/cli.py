@@ -56,7 +56,19 @@ def _worker_parser() -> UsageParser:
         "--queue", dest="queues", action="append", required=True, help="queue to consume (repeat)"
     )
     parser.add_argument(
-        "--prefetch", type=whole_number(1, 65535), default=10, help="unacked deliveries per queue"
+        "--prefetch",
+        type=whole_number(1, 65535),
+        default=None,
+        help="unacked deliveries per queue (default 10, or the batch size if larger)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=whole_number(1, 65535),
+        default=1,
+        help=(
+            "process up to N deliveries at hand in one transaction, one claim statement per "
+            "handler; a failing message is isolated by splitting the batch (default 1: off)"
+        ),
     )
     parser.add_argument(
         "--max-tries",
@@ -159,7 +171,8 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             inbox,
             connection,
             args.queues,
-            prefetch=args.prefetch,
+            prefetch=max(10, args.batch_size) if args.prefetch is None else args.prefetch,
+            batch_size=args.batch_size,
             retry=RetryPolicy(args.retry_delays, args.max_tries),
             queue_type=args.queue_type,
             declare=args.declare,

@@ -39,7 +39,7 @@ from inbox.broker.codec import JSON, InvalidReason, UndecodableBody, decode_body
 from inbox.broker.connection import confirming_connection
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.core import Inbox
-from inbox.errors import HandlerFailed, InvalidKey, InvalidMessage, UnhandledMessage
+from inbox.errors import HandlerFailed, InboxError, InvalidKey, InvalidMessage, UnhandledMessage
 from inbox.message import Message, parse_message_id
 from inbox.result import Outcome, ProcessResult
 
@@ -59,6 +59,8 @@ _KEPT_PROPERTIES: Final = (
     "app_id",
 )
 _PERSISTENT: Final = 2
+
+_Inbound = tuple[QueueTopology, Delivery, BaseException | None]
 
 
 @dataclass
@@ -128,6 +130,12 @@ class Worker(ConsumerMixin):
     raw bytes). The worker reconnects for ever after a lost connection; unacked deliveries
     come back from the broker and are deduplicated by the inbox.
 
+    ``batch_size`` above 1 turns on batch mode: up to that many deliveries that are already
+    at hand (never waiting for more) go through :meth:`inbox.Inbox.process_batch`, one
+    transaction and one claim statement per handler, and are acked after its commit; a
+    failing message is isolated by splitting the batch and alone takes the retry path.
+    ``prefetch`` must be at least ``batch_size``, or batches could never fill.
+
     On RabbitMQ (any ``amqp`` transport) a retry waits in a TTL queue on the broker. Other
     kombu transports have no TTL dead-lettering, so there the worker holds the unacked
     delivery until its delay is over, then re-publishes it and acks the original.
@@ -145,6 +153,7 @@ class Worker(ConsumerMixin):
         declare: bool = True,
         default_content_type: str | None = JSON,
         stats_interval: float | None = 60.0,
+        batch_size: int = 1,
     ) -> None:
         if not isinstance(inbox, Inbox):
             raise TypeError(f"inbox must be an inbox.Inbox, got {type(inbox).__name__}")
@@ -158,6 +167,17 @@ class Worker(ConsumerMixin):
             or not 1 <= prefetch <= 65535
         ):
             raise ValueError(f"prefetch must be an int from 1 to 65535, got {prefetch!r}")
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, int)
+            or not 1 <= batch_size <= 65535
+        ):
+            raise ValueError(f"batch_size must be an int from 1 to 65535, got {batch_size!r}")
+        if batch_size > prefetch:
+            raise ValueError(
+                f"batch_size ({batch_size}) must not exceed prefetch ({prefetch}): a batch "
+                "fills only from deliveries the broker has already sent"
+            )
         if stats_interval is not None and stats_interval <= 0:
             raise ValueError(f"stats_interval must be positive or None, got {stats_interval}")
         policy = RetryPolicy() if retry is None else retry
@@ -165,6 +185,7 @@ class Worker(ConsumerMixin):
         self.topologies = tuple(QueueTopology(q, QueueType(queue_type), policy) for q in queues)
         self.retry = policy
         self.prefetch = prefetch
+        self.batch_size = batch_size
         self.declare = declare
         self.default_content_type = default_content_type
         self.stats = WorkerStats()
@@ -176,7 +197,8 @@ class Worker(ConsumerMixin):
         self._sequence = itertools.count()
         self._idle_timeout: float | None = None
         self._live_connection: Connection | None = None
-        self._inbound: deque[tuple[QueueTopology, Delivery, BaseException | None]] = deque()
+        self._inbound: deque[_Inbound] = deque()
+        self._batch: list[_Inbound] = []
         self._busy = False
         self._returned: list[str] = []
         self._last_activity = time.monotonic()
@@ -282,6 +304,7 @@ class Worker(ConsumerMixin):
             # Deliveries queued or held from a lost connection can no longer be acked; the
             # broker gives them back, so forget them instead of running them again.
             self._inbound.clear()
+            self._batch.clear()
             self._held.clear()
             self._busy = False
             self._tearing_down = False
@@ -296,9 +319,10 @@ class Worker(ConsumerMixin):
     ) -> None:
         """Log what the worker consumes, once per (re)connection."""
         logger.info(
-            "consuming %s (prefetch %d, %s queues, max tries %d, retry delays %s)",
+            "consuming %s (prefetch %d, batch size %d, %s queues, max tries %d, retry delays %s)",
             ", ".join(t.name for t in self.topologies),
             self.prefetch,
+            self.batch_size,
             self.topologies[0].queue_type,
             self.retry.max_tries,
             ", ".join(f"{d:g}s" for d in self.retry.delays) or "none",
@@ -318,6 +342,10 @@ class Worker(ConsumerMixin):
         """On a clean stop, forward every held delivery now (its delay cut short), or give
         it back to the broker, while the channel is still open: some transports (the
         in-memory one) drop unacked messages when the channel closes."""
+        for _, delivery, _ in self._batch:
+            delivery.requeue()
+            self.stats.requeued_on_stop += 1
+        self._batch.clear()
         held, self._held = self._held, []
         for item in held:
             try:
@@ -330,7 +358,10 @@ class Worker(ConsumerMixin):
         self._publish_channel = None
 
     def on_iteration(self) -> None:
-        """Between deliveries: release due retries, log stats, stop when idle."""
+        """Between deliveries: finish a batch, release due retries, log stats, stop when
+        idle."""
+        if self._batch:
+            self._complete_batch()
         self._release_due_retries()
         now = time.monotonic()
         if self._stats_interval is not None and now - self._last_stats >= self._stats_interval:
@@ -368,9 +399,36 @@ class Worker(ConsumerMixin):
         self._busy = True
         try:
             while self._inbound:
-                self._handle(*self._inbound.popleft())
+                if self.batch_size == 1:
+                    self._handle(*self._inbound.popleft())
+                    continue
+                self._batch.append(self._inbound.popleft())
+                if len(self._batch) >= self.batch_size:
+                    self._flush_batch()
         finally:
             self._busy = False
+
+    def _complete_batch(self) -> None:
+        """Top the batch up with every delivery already at hand, without waiting, and
+        process it; repeat while deliveries arrived meanwhile (during a copy's confirm)."""
+        connection = self._live_connection
+        while self._batch and not self._busy:
+            while connection is not None and 0 < len(self._batch) < self.batch_size:
+                try:
+                    connection.drain_events(timeout=0)
+                except TimeoutError:  # socket.timeout: nothing more at hand
+                    break
+            if not self._batch:
+                break  # it filled up and was processed while draining
+            self._busy = True
+            try:
+                self._flush_batch()
+                while self._inbound:
+                    self._batch.append(self._inbound.popleft())
+                    if len(self._batch) >= self.batch_size:
+                        self._flush_batch()
+            finally:
+                self._busy = False
 
     def _on_undecodable(
         self, topology: QueueTopology, delivery: Delivery, exc: BaseException
@@ -380,38 +438,79 @@ class Worker(ConsumerMixin):
     def _handle(
         self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
     ) -> None:
-        if self.should_stop:
-            delivery.requeue()
-            self.stats.requeued_on_stop += 1
-            return
-        self.stats.deliveries += 1
-        self._last_activity = time.monotonic()
-        try:
-            message = self._to_message(delivery, decode_error)
-        except _Rejected as rejected:
-            self._dead_letter(topology, delivery, rejected.reason, rejected.detail, {})
+        message = self._admit(topology, delivery, decode_error)
+        if message is None:
             return
         try:
-            result = self._inbox.process(message)
-        except HandlerFailed as failed:
-            self._count(failed.result)
-            self._failed(topology, delivery, message, describe_failure(failed), failed.failures)
-            return
-        except UnhandledMessage as exc:
-            self._dead_letter(topology, delivery, InvalidReason.UNHANDLED_TYPE, str(exc), {})
-            return
-        except InvalidKey as exc:
-            self._dead_letter(topology, delivery, InvalidReason.INVALID_KEY, str(exc), {})
-            return
+            result: ProcessResult | InboxError = self._inbox.process(message)
+        except InboxError as exc:
+            result = exc
         except Exception as exc:  # outside any handler: counts as a failed try all the same
             self._failed(topology, delivery, message, h.describe(exc), {})
             return
-        self._count(result)
-        # Ack only now: every handler's claim and effects are committed (or were committed
-        # by an earlier delivery). A crash before this line means a redelivery, which the
-        # inbox skips as a duplicate; acking earlier could lose the message.
-        delivery.ack()
-        self.stats.acked += 1
+        self._settle(topology, delivery, message, result)
+
+    def _flush_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        admitted = []
+        for topology, delivery, decode_error in batch:
+            message = self._admit(topology, delivery, decode_error)
+            if message is not None:
+                admitted.append((topology, delivery, message))
+        if not admitted:
+            return
+        try:
+            results = self._inbox.process_batch([message for _, _, message in admitted])
+        except Exception as exc:  # outside any handler: a failed try for every message
+            for topology, delivery, message in admitted:
+                self._failed(topology, delivery, message, h.describe(exc), {})
+            return
+        # Every message that committed is acked only now, after the batch's commit.
+        for (topology, delivery, message), result in zip(admitted, results, strict=True):
+            self._settle(topology, delivery, message, result)
+
+    def _admit(
+        self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
+    ) -> Message | None:
+        """The delivery as a Message, or None when it was requeued (stopping) or
+        dead-lettered (not a valid message)."""
+        if self.should_stop:
+            delivery.requeue()
+            self.stats.requeued_on_stop += 1
+            return None
+        self.stats.deliveries += 1
+        self._last_activity = time.monotonic()
+        try:
+            return self._to_message(delivery, decode_error)
+        except _Rejected as rejected:
+            self._dead_letter(topology, delivery, rejected.reason, rejected.detail, {})
+            return None
+
+    def _settle(
+        self,
+        topology: QueueTopology,
+        delivery: Delivery,
+        message: Message,
+        result: ProcessResult | InboxError,
+    ) -> None:
+        """Ack, retry or dead-letter a delivery by what the inbox made of it."""
+        self._last_activity = time.monotonic()  # busy until now, however long it took
+        if isinstance(result, HandlerFailed):
+            self._count(result.result)
+            self._failed(topology, delivery, message, describe_failure(result), result.failures)
+        elif isinstance(result, UnhandledMessage):
+            self._dead_letter(topology, delivery, InvalidReason.UNHANDLED_TYPE, str(result), {})
+        elif isinstance(result, InvalidKey):
+            self._dead_letter(topology, delivery, InvalidReason.INVALID_KEY, str(result), {})
+        elif isinstance(result, InboxError):
+            self._failed(topology, delivery, message, h.describe(result), {})
+        else:
+            self._count(result)
+            # Ack only now: every handler's claim and effects are committed (or were
+            # committed by an earlier delivery). A crash before this line means a
+            # redelivery, which the inbox skips as a duplicate; acking earlier could lose it.
+            delivery.ack()
+            self.stats.acked += 1
 
     def _to_message(self, delivery: Delivery, decode_error: BaseException | None) -> Message:
         properties: Mapping[str, Any] = delivery.properties or {}

@@ -203,9 +203,9 @@ class Inbox:
         :meth:`process`, and everything commits together. If the batch transaction fails,
         it is split in halves and each half is tried again, down to single messages, which
         go through :meth:`process`: healthy messages commit and only the failing ones come
-        back as errors. A transient database error (deadlock, lost connection...) that
-        outlasts ``transient_retries`` is not bisected: every message of the batch comes
-        back as :class:`HandlerFailed` with it, to be retried later.
+        back as errors. A batch that fails with a transient database error (deadlock, lock
+        timeout, lost connection...) is re-run whole up to ``transient_retries`` times;
+        after that its messages are processed one by one, each with its own retries.
 
         A key shared by two messages of the batch (the same id delivered twice, or one
         idempotency key) is claimed once: the first message runs, the later one is a
@@ -254,15 +254,18 @@ class Inbox:
             failure = exc
         # Outside the except block: the halves' own errors must not chain to this one.
         if is_transient(failure):
+            # Deadlocks, lock timeouts, a lost connection outlasted the retries: maybe one
+            # message's locks, maybe the database. Each message alone then, as without
+            # batching: the healthy ones commit, each gets its own retries.
             logger.warning(
                 "batch of %d messages failed with a transient database error after %d "
-                "retries (%s); every message of it will be retried",
+                "retries (%s); processing its messages one by one",
                 len(batch),
                 self._transient_retries,
                 type(failure).__name__,
-                exc_info=failure,
             )
-            return [_batch_failure(planned, failure) for planned in batch]
+            del failure
+            return [self._process_alone(planned) for planned in batch]
         middle = len(batch) // 2
         logger.info(
             "batch of %d messages rolled back (%s: %s); splitting it in %d + %d",
@@ -319,11 +322,11 @@ class Inbox:
                         message_outcomes[handler.name] = Outcome.DUPLICATE
                         continue
                     owned.discard(key)  # a later message with this key is a duplicate
-                    guard_session(session, self._guards[handler.name])
+                    guard_session(session, self._guards[handler.name], connection, handler.name)
                     try:
                         handler.func(planned.message, session)
                     finally:
-                        unguard_session(session)
+                        unguard_session(session, connection)
                     ran.append(handler.name)
                     message_outcomes[handler.name] = Outcome.PROCESSED
             ensure_committable(session, transaction, connection, ", ".join(dict.fromkeys(ran)))
@@ -403,11 +406,11 @@ class Inbox:
                     handler.name,
                 )
                 return Outcome.DUPLICATE
-            guard_session(session, self._guards[handler.name])
+            guard_session(session, self._guards[handler.name], connection, handler.name)
             try:
                 handler.func(message, session)
             finally:
-                unguard_session(session)
+                unguard_session(session, connection)
             ensure_committable(session, transaction, connection, handler.name)
             # The handler's effects and the claim commit together, or not at all.
             session_type.commit(session)
@@ -443,14 +446,6 @@ class _Planned:
     message: Message
     handlers: Sequence[RegisteredHandler]
     keys: Sequence[bytes]
-
-
-def _batch_failure(planned: _Planned, exc: Exception) -> HandlerFailed:
-    message = planned.message
-    failures: dict[str, Exception] = {handler.name: exc for handler in planned.handlers}
-    failed = HandlerFailed(message.id, failures, ProcessResult(message.id, {}))
-    failed.__cause__ = exc
-    return failed
 
 
 def _now() -> dt.datetime:

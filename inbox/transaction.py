@@ -29,6 +29,7 @@ _MYSQL_DIALECTS: Final = ("mysql", "mariadb")
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
+_HANDLER_RUNNING: Final = "inbox.handler_running"
 _LIBPQ_IN_ERROR: Final = 3  # PQTRANS_INERROR: a statement failed, the transaction is aborted
 _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
@@ -62,8 +63,8 @@ def begin_claim_transaction(
         )
     transaction = session.begin()
     connection = session.connection(bind_arguments={"bind": bind})
+    _watch(connection.engine)
     if connection.dialect.name in _MYSQL_DIALECTS:
-        _watch_for_transaction_aborts(connection.engine)
         connection.info.pop(_ABORTED_BY, None)
     if _autocommits(connection):
         raise SessionConfigurationError(
@@ -73,10 +74,16 @@ def begin_claim_transaction(
     return transaction, connection
 
 
-def _watch_for_transaction_aborts(engine: Engine) -> None:
-    """Listen, once per engine, for errors after which MySQL has rolled back everything.
+def _watch(engine: Engine) -> None:
+    """Listen, once per engine, for a commit while a handler runs, and (MySQL) for errors
+    after which the server has rolled back everything.
 
-    A handler that catches such an error and goes on would otherwise commit its later
+    A commit from inside a handler (``session.get_transaction().commit()``,
+    ``session.connection().commit()``) would write the claims with only part of the
+    effects; in a batch, also the claims of messages whose handlers have not run yet,
+    which would then be skipped for ever. So it is refused before it reaches the database.
+
+    A handler that catches a MySQL deadlock and goes on would otherwise commit its later
     writes in a new implicit transaction, without the claim. Nothing in the driver's state
     shows it afterwards, so the error is remembered on the connection when it happens.
     """
@@ -84,8 +91,20 @@ def _watch_for_transaction_aborts(engine: Engine) -> None:
         return
     with _watch_lock:
         if engine not in _watched_engines:
-            event.listen(engine, "handle_error", _remember_transaction_abort)
+            event.listen(engine, "commit", _refuse_commit_inside_handler)
+            if engine.dialect.name in _MYSQL_DIALECTS:
+                event.listen(engine, "handle_error", _remember_transaction_abort)
             _watched_engines.add(engine)
+
+
+def _refuse_commit_inside_handler(connection: Connection) -> None:
+    handler = connection.info.get(_HANDLER_RUNNING)
+    if handler is not None:
+        raise TransactionControlError(
+            f"handler {handler!r} ended the inbox's transaction with a commit; it was refused "
+            "and nothing was committed. The inbox commits the claim and your writes together: "
+            "never commit in a handler."
+        )
 
 
 def _remember_transaction_abort(context: ExceptionContext) -> None:
@@ -174,16 +193,24 @@ def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:
     return {method: forbidden(method) for method in _SESSION_CONTROL}
 
 
-def guard_session(session: Session, guards: Mapping[str, Callable[..., NoReturn]]) -> None:
-    """Hide the session's transaction-ending methods behind ``guards`` for a handler call.
+def guard_session(
+    session: Session,
+    guards: Mapping[str, Callable[..., NoReturn]],
+    connection: Connection,
+    handler: str,
+) -> None:
+    """Hide the session's transaction-ending methods behind ``guards`` for a handler call,
+    and refuse any commit on the claim's connection until :func:`unguard_session`.
 
     The instance attributes shadow the class methods; the inbox itself always calls the
     class methods (``type(session).commit(session)``).
     """
     session.__dict__.update(guards)
+    connection.info[_HANDLER_RUNNING] = handler
 
 
-def unguard_session(session: Session) -> None:
+def unguard_session(session: Session, connection: Connection) -> None:
     """Remove the guards, so a session that outlives the call (scoped_session) is intact."""
     for method in _SESSION_CONTROL:
         session.__dict__.pop(method, None)
+    connection.info.pop(_HANDLER_RUNNING, None)

@@ -405,11 +405,18 @@ def test_a_swallowed_database_error_never_reports_uncommitted_work_as_processed(
     assert db.effect_counts() == {("1", "sloppy"): 1}
 
 
-def test_a_handler_committing_behind_the_guards_is_reported(db: Database) -> None:
+@pytest.mark.parametrize("how", ["session transaction", "connection"])
+def test_a_handler_committing_behind_the_guards_is_refused_and_nothing_commits(
+    db: Database, how: str
+) -> None:
     inbox = Inbox(db.sessions)
 
     @inbox.handler("order.created", name="sneaky")
     def sneaky(message: Message, session: Session) -> None:
+        record_effect(message, session, "sneaky")
+        if how == "connection":
+            session.connection().commit()
+            return
         transaction = session.get_transaction()
         assert transaction is not None
         transaction.commit()
@@ -418,6 +425,9 @@ def test_a_handler_committing_behind_the_guards_is_reported(db: Database) -> Non
         inbox.process(order(1))
     assert isinstance(failed.value.failures["sneaky"], TransactionControlError)
     assert "ended the inbox's transaction" in str(failed.value.failures["sneaky"])
+    # The commit never reached the database: no claim, no half of the effects.
+    assert claims(db) == []
+    assert db.effect_counts() == {}
 
 
 def test_sessions_the_inbox_cannot_own_are_refused_before_writing(db: Database) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, overload
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection, Dialect, Table
 from sqlalchemy.orm import Session
 
 from inbox.claim import BatchClaimer, Claimer, batch_claimer_for, claimer_for
@@ -86,8 +86,9 @@ class Inbox:
         self._on_unhandled = Unhandled(on_unhandled)
         self._transient_retries = transient_retries
         self._registry = Registry()
-        self._claimers: dict[str, Claimer] = {}
-        self._batch_claimers: dict[str, BatchClaimer] = {}
+        # Keyed by dialect class and paramstyle: the claim's SQL is rendered for both.
+        self._claimers: dict[tuple[type[Dialect], str], Claimer] = {}
+        self._batch_claimers: dict[tuple[type[Dialect], str], BatchClaimer] = {}
         self._guards: dict[str, Mapping[str, Callable[..., NoReturn]]] = {}
 
     @property
@@ -424,18 +425,18 @@ class Inbox:
 
     def _batch_claimer(self, connection: Connection) -> BatchClaimer:
         dialect = connection.dialect
-        claimer = self._batch_claimers.get(dialect.name)
+        claimer = self._batch_claimers.get((type(dialect), dialect.paramstyle))
         if claimer is None:
             claimer = batch_claimer_for(self._table, dialect)
-            self._batch_claimers[dialect.name] = claimer
+            self._batch_claimers[type(dialect), dialect.paramstyle] = claimer
         return claimer
 
     def _claimer(self, connection: Connection) -> Claimer:
         dialect = connection.dialect
-        claimer = self._claimers.get(dialect.name)
+        claimer = self._claimers.get((type(dialect), dialect.paramstyle))
         if claimer is None:
             claimer = claimer_for(self._table, dialect)
-            self._claimers[dialect.name] = claimer
+            self._claimers[type(dialect), dialect.paramstyle] = claimer
         return claimer
 
 

@@ -91,14 +91,22 @@ def fill(broker: str, queue: str, messages: int) -> None:
             publisher.publish("order.created", {"ref": ref, "amount": ref % 100})
 
 
-def run_worker(engine: Engine, broker: str, messages: int, prefetch: int, batch_size: int) -> float:
+def run_worker(
+    engine: Engine,
+    broker: str,
+    messages: int,
+    prefetch: int,
+    batch_size: int,
+    *,
+    statements: Callable[[Message, Any], None] = three_statements,
+) -> float:
     """The inbox worker (per message, or in batches); msg/s."""
     clock = Clock()
     inbox = Inbox(sessionmaker(engine))
 
-    @inbox.handler("order.created", name="bench.three_statements")
+    @inbox.handler("order.created", name=f"bench.{statements.__name__}")
     def handle(message: Message, session: Any) -> None:
-        three_statements(message, session)
+        statements(message, session)
         clock.tick()
 
     queue = f"bench-e2e-{uuid.uuid4().hex[:8]}"
@@ -199,7 +207,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
                             options.messages,
                             p,
                             options.batch_size,
-                            one_statement,
+                            statements=one_statement,
                         ),
                     )
                 )
@@ -242,6 +250,15 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         value, spread = median_spread(ratios)
         target, met = at_least(value, 4.0)
         figures.append(Figure("batch / per-message inbox worker", value, "x", target, met, spread))
+        value, spread = median_spread(samples[f"batch-{options.batch_size}-1stmt/prefetch-{top}"])
+        figures.append(
+            Figure(
+                f"batch {options.batch_size} worker, 1-statement handler, prefetch {top}",
+                value,
+                "msg/s",
+                spread=spread,
+            )
+        )
     return ScenarioReport(
         SCENARIO,
         TITLE,

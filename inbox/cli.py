@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
-from sqlalchemy import URL, make_url
+from sqlalchemy import URL, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 
-from inbox.retention import MAX_BATCH_SIZE, cleanup, cutoff_for
+from inbox.partitioning import DEFAULT_DAYS_AHEAD, ensure_partitions, is_partitioned
+from inbox.retention import MAX_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
 
 __all__ = ["EXIT_DATABASE_ERROR", "EXIT_OK", "EXIT_USAGE", "cleanup_main"]
@@ -76,7 +77,19 @@ def _cleanup_parser() -> UsageParser:
         "--table", default=DEFAULT_TABLE_NAME, help="inbox table, NAME or SCHEMA.NAME"
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="count the expired claims, delete nothing"
+        "--partitions-ahead",
+        type=whole_number(0, 3650),
+        default=DEFAULT_DAYS_AHEAD,
+        metavar="DAYS",
+        help=(
+            "on a table partitioned by inbox.partitioning (PostgreSQL): first create day "
+            f"partitions until DAYS days ahead (default: {DEFAULT_DAYS_AHEAD})"
+        ),
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count the expired claims, delete (and create) nothing",
     )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="print nothing on success (for cron)"
@@ -103,21 +116,41 @@ def cleanup_main(
         err.write(parser.format_usage())
         err.write(f"inbox-cleanup: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
+    created: list[str] = []
     try:
-        report = cleanup(
-            url, days=args.days, batch_size=args.batch_size, dry_run=args.dry_run, table=table
-        )
+        engine = create_engine(url)
+        try:
+            if not args.dry_run and is_partitioned(engine, table):
+                created = ensure_partitions(engine, table, days_ahead=args.partitions_ahead)
+            report = cleanup(
+                engine,
+                days=args.days,
+                batch_size=args.batch_size,
+                dry_run=args.dry_run,
+                table=table,
+            )
+        finally:
+            engine.dispose()
     except Exception as exc:  # the CLI edge: one line, never a traceback
         err.write(f"inbox-cleanup: error: {_one_line(exc, url)}\n")
         return EXIT_DATABASE_ERROR
     if not args.quiet:
-        verb = "would delete" if report.dry_run else "deleted"
-        out.write(
-            f"inbox-cleanup: {verb} {report.deleted} claims processed before "
-            f"{report.cutoff.isoformat(timespec='seconds')} from {table.fullname} "
-            f"in {report.batches} batches, {report.seconds:.2f} s\n"
-        )
+        out.write(_summary(report, table.fullname, created))
     return EXIT_OK
+
+
+def _summary(report: CleanupReport, table: str, created: list[str]) -> str:
+    verb = "would delete" if report.dry_run else "deleted"
+    line = (
+        f"inbox-cleanup: {verb} {report.deleted} claims processed before "
+        f"{report.cutoff.isoformat(timespec='seconds')} from {table} "
+        f"in {report.batches} batches"
+    )
+    if not report.dry_run:
+        line += f" (longest {report.longest_batch_seconds * 1000:.0f} ms)"
+    if report.partitions_dropped or created:
+        line += f", {len(report.partitions_dropped)} partitions dropped, {len(created)} created"
+    return f"{line}, {report.seconds:.2f} s\n"
 
 
 def _database_url(given: str | None) -> URL:

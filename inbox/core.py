@@ -323,7 +323,7 @@ class Inbox:
                         message_outcomes[handler.name] = Outcome.DUPLICATE
                         continue
                     owned.discard(key)  # a later message with this key is a duplicate
-                    guard_session(session, self._guards[handler.name], connection, handler.name)
+                    guard_session(session, self._guards[handler.name], connection)
                     try:
                         handler.func(planned.message, session)
                     finally:
@@ -407,7 +407,7 @@ class Inbox:
                     handler.name,
                 )
                 return Outcome.DUPLICATE
-            guard_session(session, self._guards[handler.name], connection, handler.name)
+            guard_session(session, self._guards[handler.name], connection)
             try:
                 handler.func(message, session)
             finally:

@@ -29,7 +29,11 @@ _MYSQL_DIALECTS: Final = ("mysql", "mariadb")
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
-_HANDLER_RUNNING: Final = "inbox.handler_running"
+# Connection's own commit step, which every commit of its transaction goes through
+# (session.get_transaction().commit(), session.connection().commit()); shadowed on the
+# instance while a handler runs, so that a commit from inside a handler never reaches the
+# database.
+_CONNECTION_COMMIT: Final = "_commit_impl"
 _LIBPQ_IN_ERROR: Final = 3  # PQTRANS_INERROR: a statement failed, the transaction is aborted
 _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
@@ -75,36 +79,21 @@ def begin_claim_transaction(
 
 
 def _watch(engine: Engine) -> None:
-    """Listen, once per engine, for a commit while a handler runs, and (MySQL) for errors
-    after which the server has rolled back everything.
+    """Listen, once per MySQL/MariaDB engine, for errors after which the server has rolled
+    back everything.
 
-    A commit from inside a handler (``session.get_transaction().commit()``,
-    ``session.connection().commit()``) would write the claims with only part of the
-    effects; in a batch, also the claims of messages whose handlers have not run yet,
-    which would then be skipped for ever. So it is refused before it reaches the database.
-
-    A handler that catches a MySQL deadlock and goes on would otherwise commit its later
+    A handler that catches such an error and goes on would otherwise commit its later
     writes in a new implicit transaction, without the claim. Nothing in the driver's state
     shows it afterwards, so the error is remembered on the connection when it happens.
+    (Only there: an engine-wide listener makes every statement on the engine a little
+    slower, the application's own included.)
     """
-    if engine in _watched_engines:
+    if engine.dialect.name not in _MYSQL_DIALECTS or engine in _watched_engines:
         return
     with _watch_lock:
         if engine not in _watched_engines:
-            event.listen(engine, "commit", _refuse_commit_inside_handler)
-            if engine.dialect.name in _MYSQL_DIALECTS:
-                event.listen(engine, "handle_error", _remember_transaction_abort)
+            event.listen(engine, "handle_error", _remember_transaction_abort)
             _watched_engines.add(engine)
-
-
-def _refuse_commit_inside_handler(connection: Connection) -> None:
-    handler = connection.info.get(_HANDLER_RUNNING)
-    if handler is not None:
-        raise TransactionControlError(
-            f"handler {handler!r} ended the inbox's transaction with a commit; it was refused "
-            "and nothing was committed. The inbox commits the claim and your writes together: "
-            "never commit in a handler."
-        )
 
 
 def _remember_transaction_abort(context: ExceptionContext) -> None:
@@ -177,7 +166,8 @@ def _libpq_transaction_status(connection: Connection) -> object:
 
 
 def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:
-    """Stand-ins for the session methods that would end the inbox's transaction."""
+    """Stand-ins for the session methods that would end the inbox's transaction, and for the
+    connection's commit step."""
 
     def forbidden(method: str) -> Callable[..., NoReturn]:
         def refuse(*args: object, **kwargs: object) -> NoReturn:
@@ -190,27 +180,36 @@ def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:
 
         return refuse
 
-    return {method: forbidden(method) for method in _SESSION_CONTROL}
+    def refuse_commit(*args: object, **kwargs: object) -> NoReturn:
+        raise TransactionControlError(
+            f"handler {handler!r} ended the inbox's transaction with a commit; it was refused "
+            "and nothing was committed. The inbox commits the claim and your writes together: "
+            "never commit in a handler."
+        )
+
+    guards = {method: forbidden(method) for method in _SESSION_CONTROL}
+    guards[_CONNECTION_COMMIT] = refuse_commit
+    return guards
 
 
 def guard_session(
     session: Session,
     guards: Mapping[str, Callable[..., NoReturn]],
     connection: Connection,
-    handler: str,
 ) -> None:
     """Hide the session's transaction-ending methods behind ``guards`` for a handler call,
     and refuse any commit on the claim's connection until :func:`unguard_session`.
 
-    The instance attributes shadow the class methods; the inbox itself always calls the
-    class methods (``type(session).commit(session)``).
+    Instance attributes shadow the class methods; the inbox itself always calls the class
+    methods (``type(session).commit(session)``), after :func:`unguard_session`.
     """
-    session.__dict__.update(guards)
-    connection.info[_HANDLER_RUNNING] = handler
+    for name, guard in guards.items():
+        target = connection if name == _CONNECTION_COMMIT else session
+        target.__dict__[name] = guard
 
 
 def unguard_session(session: Session, connection: Connection) -> None:
     """Remove the guards, so a session that outlives the call (scoped_session) is intact."""
     for method in _SESSION_CONTROL:
         session.__dict__.pop(method, None)
-    connection.info.pop(_HANDLER_RUNNING, None)
+    connection.__dict__.pop(_CONNECTION_COMMIT, None)

@@ -424,20 +424,28 @@ class Inbox:
         return Outcome.PROCESSED
 
     def _batch_claimer(self, connection: Connection) -> BatchClaimer:
-        dialect = connection.dialect
-        claimer = self._batch_claimers.get((type(dialect), dialect.paramstyle))
-        if claimer is None:
-            claimer = batch_claimer_for(self._table, dialect)
-            self._batch_claimers[type(dialect), dialect.paramstyle] = claimer
-        return claimer
+        return _for_dialect(self._batch_claimers, batch_claimer_for, self._table, connection)
 
     def _claimer(self, connection: Connection) -> Claimer:
-        dialect = connection.dialect
-        claimer = self._claimers.get((type(dialect), dialect.paramstyle))
-        if claimer is None:
-            claimer = claimer_for(self._table, dialect)
-            self._claimers[type(dialect), dialect.paramstyle] = claimer
-        return claimer
+        return _for_dialect(self._claimers, claimer_for, self._table, connection)
+
+
+C = TypeVar("C")
+
+
+def _for_dialect(
+    cache: dict[tuple[type[Dialect], str], C],
+    build: Callable[[Table, Dialect], C],
+    table: Table,
+    connection: Connection,
+) -> C:
+    """The claim function ``build`` makes for the connection's dialect, built once."""
+    dialect = connection.dialect
+    key = (type(dialect), dialect.paramstyle)
+    made = cache.get(key)
+    if made is None:
+        made = cache[key] = build(table, dialect)
+    return made
 
 
 @dataclass(frozen=True, slots=True)

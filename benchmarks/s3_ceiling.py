@@ -46,7 +46,8 @@ from common import (
     scenario_main,
     server_version,
 )
-from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, Table, insert
+from s1_overhead import INSERT_ORDER, business
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -58,16 +59,6 @@ QUICK: dict[str, Any] = {"seconds": 2, "messages": 1000, "rounds": 2}
 
 HANDLER = "bench.one_statement"
 VARIANTS = ("pgbench claim + insert", "pgbench insert only", "inbox")
-
-business = MetaData()
-orders = Table(
-    "bench_order",
-    business,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("ref", BigInteger, nullable=False),
-    Column("amount", Integer, nullable=False),
-)
-INSERT_ORDER = insert(orders)
 
 # A UUIDv7-like key per transaction: bytes 0-5 the Unix time in ms (big-endian), byte 6
 # version 7 in its high nibble, the rest from gen_random_uuid() (variant bits in byte 8).

@@ -4,7 +4,7 @@
         inbox-worker s6_app:make_inbox --queue ...      (from benchmarks/)
 
 The database URL comes from ``S6_DATABASE_URL`` (S6 points it at a fresh schema that holds
-the inbox table and ``bench_order``).
+the inbox table and S1's business tables; the handler is S1's one-row insert).
 """
 
 from __future__ import annotations
@@ -12,29 +12,17 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, create_engine, insert
-from sqlalchemy.orm import Session, sessionmaker
+from s1_overhead import business, one_statement
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
 
-from inbox import Inbox, Message
+from inbox import Inbox
 
 DATABASE_URL_ENV: Final = "S6_DATABASE_URL"
 HANDLER: Final = "bench.s6_insert"
 MESSAGE_TYPE: Final = "bench"
 
-business = MetaData()
-orders = Table(
-    "bench_order",
-    business,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("ref", BigInteger, nullable=False),
-    Column("amount", Integer, nullable=False),
-)
-INSERT_ORDER = insert(orders)
-
-
-def insert_order(message: Message, session: Session) -> None:
-    """Insert one row."""
-    session.execute(INSERT_ORDER, {"ref": message.body["ref"], "amount": message.body["amount"]})
+__all__ = ["DATABASE_URL_ENV", "MESSAGE_TYPE", "business", "make_inbox"]
 
 
 def make_inbox() -> Inbox:
@@ -43,5 +31,5 @@ def make_inbox() -> Inbox:
     if not url:
         raise ValueError(f"set {DATABASE_URL_ENV} to the database URL")
     box = Inbox(sessionmaker(create_engine(url)))
-    box.handler(MESSAGE_TYPE, name=HANDLER)(insert_order)
+    box.handler(MESSAGE_TYPE, name=HANDLER)(one_statement)
     return box

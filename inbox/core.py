@@ -40,7 +40,7 @@ from inbox.transaction import (
     transaction_guards,
     unguard_session,
 )
-from inbox.transient import is_transient
+from inbox._retry import is_transient
 
 __all__ = ["Inbox"]
 

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outcome
-from inbox.transient import is_transient
+from inbox._retry import is_transient
 
 
 def test_mariadb_lock_wait_timeout_is_retried_until_the_lock_is_released(

@@ -537,11 +537,11 @@ def test_inbox_cleanup_keeps_a_partitioned_table_healthy(part_db: Database) -> N
 
 
 def readme_block(marker: str) -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operations.md").read_text()
     match = re.search(
         rf"<!-- {marker} -->\s*```python\n(.*?)```\s*<!-- /{marker} -->", readme, re.S
     )
-    assert match is not None, f"README.md has no {marker} block"
+    assert match is not None, f"docs/operations.md has no {marker} block"
     return match.group(1)
 
 

@@ -5,13 +5,14 @@ Register handlers with ``@inbox.handler``, then call ``inbox.process(message)`` 
 delivery: each (message, handler) pair commits its database effects once and only once.
 """
 
+from typing import TYPE_CHECKING
+
 from inbox.core import Inbox
 from inbox.errors import (
     HandlerFailed,
     InboxError,
     InvalidKey,
     InvalidMessage,
-    PublishError,
     RegistrationError,
     SessionConfigurationError,
     TransactionControlError,
@@ -44,3 +45,15 @@ __all__ = [
     "cleanup",
     "uuid7",
 ]
+
+if TYPE_CHECKING:
+    from inbox.broker.errors import PublishError
+
+
+def __getattr__(name: str) -> object:
+    # The broker edge's error, loaded on first use so that ``import inbox`` needs no kombu.
+    if name == "PublishError":
+        from inbox.broker.errors import PublishError
+
+        return PublishError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from inbox.broker.errors import PublishError as PublishError  # noqa: PLC0414 - re-export
     from inbox.result import ProcessResult
 
 
@@ -80,6 +81,11 @@ class UnsupportedDialect(InboxError):
     """The database dialect has no claim statement (supported: postgresql, sqlite, mysql)."""
 
 
-class PublishError(InboxError):
-    """The broker did not take a published message: unroutable (no queue bound for it) or
-    nacked. The message was not delivered; publishing it again is safe."""
+def __getattr__(name: str) -> object:
+    # PublishError belongs to the broker edge; it is still importable from here (where it was
+    # first published) without importing kombu until someone asks for it.
+    if name == "PublishError":
+        from inbox.broker.errors import PublishError
+
+        return PublishError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

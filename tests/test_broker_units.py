@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import inbox
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
 from inbox.broker import headers as h
 from inbox.broker.codec import UndecodableBody, decode_body, encode_body
@@ -138,3 +143,38 @@ def test_failure_headers_keep_the_first_failure_and_tolerate_garbled_counts() ->
     for garbled in ("3", -1, True, None, 2.5):
         assert h.tries_so_far({h.TRIES: garbled}) == 0
     assert h.tries_so_far({h.TRIES: 3}) == 3
+
+
+def test_import_inbox_loads_no_kombu_and_publish_error_still_imports_from_the_core() -> None:
+    code = (
+        "import sys, inbox, inbox.errors\n"
+        "assert 'kombu' not in sys.modules, 'import inbox loaded kombu'\n"
+        "from inbox import PublishError\n"
+        "from inbox.errors import PublishError as Same\n"
+        "from inbox.broker.errors import PublishError as Edge\n"
+        "assert PublishError is Same is Edge and issubclass(Edge, inbox.InboxError)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_core_imports_no_kombu_and_the_broker_edge_no_sqlalchemy() -> None:
+    package = Path(inbox.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        in_broker = "broker" in path.relative_to(package).parts
+        forbidden = "sqlalchemy" if in_broker else "kombu"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert name.split(".")[0] not in (forbidden, "amqp" if not in_broker else ""), (
+                    f"{path.relative_to(package)} imports {name}"
+                )

@@ -25,7 +25,7 @@ from kombu.messaging import Producer
 
 from inbox.broker.codec import encode_body
 from inbox.broker.connection import confirming_connection
-from inbox.errors import PublishError
+from inbox.broker.errors import PublishError
 from inbox.message import IDEMPOTENCY_KEY_HEADER, Message, parse_message_id, uuid7
 
 __all__ = ["Publisher"]

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 
 from inbox.core import Inbox
 from inbox.errors import (
+    ClaimCommittedEarly,
     HandlerFailed,
+    HandlerInterrupted,
     InboxError,
     InvalidKey,
     InvalidMessage,
@@ -26,8 +28,10 @@ from inbox.retention import CleanupReport, cleanup
 __all__ = [
     "IDEMPOTENCY_KEY_HEADER",
     "KEY_NAMESPACE",
+    "ClaimCommittedEarly",
     "CleanupReport",
     "HandlerFailed",
+    "HandlerInterrupted",
     "Inbox",
     "InboxError",
     "InvalidKey",

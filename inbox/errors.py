@@ -89,3 +89,33 @@ def __getattr__(name: str) -> object:
 
         return PublishError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class HandlerInterrupted(InboxError):
+    """A handler raised a :class:`BaseException` that is not an :class:`Exception`
+    (``asyncio.CancelledError``, a gevent or eventlet timeout, ...). Its transaction was
+    rolled back and it counts as a failed handler; the original is ``__cause__``.
+    ``KeyboardInterrupt`` and ``SystemExit`` are not wrapped: they stop the process."""
+
+    def __init__(self, handler: str, interrupt: BaseException) -> None:
+        super().__init__(f"handler {handler!r} was interrupted by {type(interrupt).__name__}")
+        self.handler = handler
+        self.interrupt = interrupt
+
+
+class ClaimCommittedEarly(TransactionControlError):
+    """A handler failed after its transaction had been committed under the inbox (a raw
+    ``COMMIT``, the driver's ``commit()``, a statement MySQL commits implicitly before, such
+    as DDL or ``SET autocommit=1``). The claim is committed but the handler's later writes
+    are not, so a redelivery would be skipped as a duplicate: the message must go to the
+    dead-letter queue for someone to reconcile, never be retried."""
+
+    def __init__(self, handler: str, message_id: uuid.UUID) -> None:
+        super().__init__(
+            f"handler {handler!r} failed on message {message_id} after its transaction was "
+            "committed under the inbox (raw COMMIT, driver commit(), or an implicit commit on "
+            "MySQL): the claim is committed without the handler's later writes. Never end "
+            "the transaction in a handler."
+        )
+        self.handler = handler
+        self.message_id = message_id

@@ -157,5 +157,8 @@ def test_statement_listeners_see_the_claim(db: Database, instrumented: bool) -> 
         )
     finally:
         engine.dispose()
-    claims_seen = [s for s in seen if "inbox_message" in s]
+    claims_seen = [s for s in seen if s.startswith("INSERT INTO inbox_message")]
+    checks_seen = [s for s in seen if s.startswith("SELECT") and "inbox_message" in s]
     assert len(claims_seen) == (2 if instrumented else 0)
+    # Before each commit, one check that the transaction still holds its claim.
+    assert len(checks_seen) == (2 if instrumented else 0)

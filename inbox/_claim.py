@@ -7,13 +7,39 @@ import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
-from sqlalchemy import Connection, Dialect, Executable, Insert, Table, insert
+from sqlalchemy import (
+    Connection,
+    Dialect,
+    Executable,
+    Insert,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from inbox.errors import InboxError, UnsupportedDialect
 
-__all__ = ["BatchClaimer", "Claimer", "batch_claimer_for", "claimer_for"]
+__all__ = [
+    "SUPPORTED_DRIVERS",
+    "BatchClaimer",
+    "Claimer",
+    "Claims",
+    "batch_claimer_for",
+    "check_supported",
+    "claimer_for",
+]
+
+SUPPORTED_DRIVERS: Final[dict[str, frozenset[str]]] = {
+    "postgresql": frozenset({"psycopg", "psycopg2", "pg8000"}),
+    "sqlite": frozenset({"pysqlite"}),
+    "mysql": frozenset({"pymysql"}),
+    "mariadb": frozenset({"pymysql"}),
+}
+"""The drivers the dedup suite runs on, per dialect; any other is refused, not guessed at."""
 
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
 
@@ -32,6 +58,67 @@ the keys this transaction inserted (it owns them); the others were duplicates.""
 _SQLITE_RETURNING: Final = (3, 35)
 
 
+def check_supported(dialect: Dialect) -> None:
+    """Raise :class:`~inbox.UnsupportedDialect` unless the inbox is tested on this dialect and
+    driver: a driver that binds or counts differently could turn every claim into an error,
+    or worse, into a silent duplicate."""
+    drivers = SUPPORTED_DRIVERS.get(dialect.name)
+    if drivers is None:
+        raise UnsupportedDialect(
+            f"the inbox has no claim statement for dialect {dialect.name!r}; "
+            f"supported: {', '.join(sorted(SUPPORTED_DRIVERS))}"
+        )
+    if dialect.driver not in drivers:
+        raise UnsupportedDialect(
+            f"the inbox is not tested with the {dialect.name}+{dialect.driver} driver; "
+            f"use one of: {', '.join(f'{dialect.name}+{d}' for d in sorted(drivers))}"
+        )
+
+
+class Claims:
+    """The claim statements of one inbox table, each built once per dialect and paramstyle
+    (the two things their SQL is rendered for)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        # What a session's get_bind() sees, so that binds={inbox_table: engine} route it.
+        self.bind_clause = table.insert()
+        self._one: dict[tuple[type[Dialect], str], Claimer] = {}
+        self._many: dict[tuple[type[Dialect], str], BatchClaimer] = {}
+        self._held = select(func.count()).where(
+            table.c.message_id == bindparam("message_id"), table.c.handler == bindparam("handler")
+        )
+
+    def claim(self, connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
+        """Claim ``key`` for ``handler``: True if this transaction won it, False if taken."""
+        claim = self._one.get(_cache_key(connection.dialect))
+        if claim is None:
+            claim = self._one[_cache_key(connection.dialect)] = claimer_for(
+                self.table, connection.dialect
+            )
+        return claim(connection, key, handler, at)
+
+    def claim_many(
+        self, connection: Connection, keys: Sequence[bytes], handler: str, at: dt.datetime
+    ) -> Collection[bytes]:
+        """Claim distinct ``keys`` (sorted) for ``handler`` at once; return the keys won."""
+        claim_many = self._many.get(_cache_key(connection.dialect))
+        if claim_many is None:
+            claim_many = self._many[_cache_key(connection.dialect)] = batch_claimer_for(
+                self.table, connection.dialect
+            )
+        return claim_many(connection, keys, handler, at)
+
+    def held(self, connection: Connection, key: bytes, handler: str) -> bool:
+        """Whether the claim row ``(key, handler)`` is visible on ``connection`` now."""
+        params = {"message_id": key, "handler": handler}
+        return bool(connection.execute(self._held, params).scalar_one())
+
+
+def _cache_key(dialect: Dialect) -> tuple[type[Dialect], str]:
+    return (type(dialect), dialect.paramstyle)
+
+
 def claimer_for(table: Table, dialect: Dialect) -> Claimer:
     """Return the claim function for ``table`` on a dialect; the statement is built once.
 
@@ -42,20 +129,17 @@ def claimer_for(table: Table, dialect: Dialect) -> Claimer:
     """
     # The conflict target is the claim key itself: a violation of any other constraint on
     # the table is an error, never mistaken for a duplicate.
+    check_supported(dialect)
     key = [table.c.message_id, table.c.handler]
     dialect_name = dialect.name
     if dialect_name == "postgresql":
-        return _postgresql_claimer(
-            postgresql.insert(table).on_conflict_do_nothing(index_elements=key), dialect
-        )
+        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
+        if dialect.paramstyle == "pyformat":  # psycopg, psycopg2: bound by name
+            return _postgresql_claimer(statement, dialect)
+        return _rowcount_claimer(statement)
     if dialect_name == "sqlite":
         return _rowcount_claimer(sqlite.insert(table).on_conflict_do_nothing(index_elements=key))
-    if dialect_name in ("mysql", "mariadb"):
-        return _mysql_claimer(table)
-    raise UnsupportedDialect(
-        f"the inbox has no claim statement for dialect {dialect_name!r}; "
-        "supported: postgresql, sqlite, mysql/mariadb"
-    )
+    return _mysql_claimer(table)
 
 
 def _postgresql_claimer(statement: Insert, dialect: Dialect) -> Claimer:
@@ -139,6 +223,7 @@ def batch_claimer_for(table: Table, dialect: Dialect) -> BatchClaimer:
     Callers pass keys in a fixed (sorted) order, so concurrent batches that share keys take
     their row locks in the same order instead of deadlocking.
     """
+    check_supported(dialect)
     key = [table.c.message_id, table.c.handler]
     dialect_name = dialect.name
     if dialect_name == "postgresql":

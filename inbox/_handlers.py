@@ -1,4 +1,4 @@
-"""Handler records, their stable names, and the type → handlers routing table."""
+"""Handler records: their stable names, their claim keys, and the type → handlers routing."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ from typing import Any, TypeAlias
 
 from sqlalchemy.orm import Session
 
-from inbox.errors import RegistrationError
-from inbox.message import Message
+from inbox.errors import InvalidKey, RegistrationError
+from inbox.message import Message, key_bytes
 from inbox.schema import HANDLER_NAME_MAX_LENGTH
 
-__all__ = ["HandlerFunc", "KeyFunc", "RegisteredHandler", "Registry", "default_name"]
+__all__ = [
+    "HandlerFunc",
+    "KeyFunc",
+    "RegisteredHandler",
+    "Registry",
+    "default_name",
+    "refuse_async",
+    "validate_name",
+]
 
 HandlerFunc: TypeAlias = Callable[[Message, Session], object]
 """A handler: called with the message and the session whose transaction holds the claim."""
@@ -33,6 +41,29 @@ class RegisteredHandler:
     message_type: str | None
     func: HandlerFunc
     key: KeyFunc | None
+
+    def claim_key(self, message: Message) -> bytes:
+        """The 16 bytes this handler claims ``message`` under: its ``key=`` function's value,
+        else the producer's idempotency key, else the message id.
+
+        Raises :class:`~inbox.InvalidKey` when the key cannot be derived.
+        """
+        if self.key is None:
+            business_key = message.idempotency_key
+            if business_key is None:
+                return message.id.bytes
+            try:
+                return key_bytes(business_key)
+            except ValueError as exc:
+                raise InvalidKey(self.name, message.id, f"idempotency-key: {exc}") from None
+        try:
+            value = self.key(message)
+        except Exception as exc:
+            raise InvalidKey(self.name, message.id, f"key function raised {exc!r}") from exc
+        try:
+            return key_bytes(value)
+        except ValueError as exc:
+            raise InvalidKey(self.name, message.id, str(exc)) from None
 
 
 def default_name(func: Callable[..., Any]) -> str:
@@ -61,6 +92,30 @@ def default_name(func: Callable[..., Any]) -> str:
             "across processes: register it with name='...'"
         )
     return f"{module}.{qualname}"
+
+
+def refuse_async(func: Callable[..., Any], *, what: str = "handler") -> None:
+    """Refuse a coroutine function where a blocking callable is needed.
+
+    Called, a coroutine function returns a coroutine that nobody awaits: the inbox would
+    commit the claim for work that never ran, and the message would be lost.
+    """
+    target = func.func if isinstance(func, functools.partial) else func
+    call = (
+        None
+        if inspect.isroutine(target)
+        else inspect.getattr_static(type(target), "__call__", None)
+    )
+    if (
+        inspect.iscoroutinefunction(target)
+        or inspect.isasyncgenfunction(target)
+        or (call is not None and inspect.iscoroutinefunction(call))
+    ):
+        raise RegistrationError(
+            f"{what} {target!r} is a coroutine function: the blocking Inbox would never await "
+            "it (its claim would commit for work that never ran). Register async handlers on "
+            "an async inbox, or make it a plain function."
+        )
 
 
 def validate_name(name: object) -> str:

@@ -1,39 +1,35 @@
-"""The handler transaction: refuse sessions the inbox cannot own, keep handlers from ending
-it, and refuse to report PROCESSED for a transaction that will not commit."""
+"""Checks around the handler transaction that read client-side state: sessions the inbox
+cannot own are refused before anything is written, and a transaction the database has
+already aborted is never reported as committable."""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any, Final, NoReturn
+from collections.abc import Callable
+from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction
 from sqlalchemy.sql import ClauseElement
 
+from inbox._claim import check_supported
 from inbox.errors import SessionConfigurationError, TransactionControlError
 
 __all__ = [
+    "autocommits",
     "begin_claim_transaction",
+    "check_session_factory",
     "ensure_committable",
-    "guard_session",
     "refuse_busy_session",
-    "transaction_guards",
-    "unguard_session",
 ]
 
-_SESSION_CONTROL: Final = ("commit", "rollback", "close", "reset")
 _MYSQL_DIALECTS: Final = ("mysql", "mariadb")
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
-# Connection's own commit step, which every commit of its transaction goes through
-# (session.get_transaction().commit(), session.connection().commit()); shadowed on the
-# instance while a handler runs, so that a commit from inside a handler never reaches the
-# database.
-_CONNECTION_COMMIT: Final = "_commit_impl"
 _LIBPQ_IN_ERROR: Final = 3  # PQTRANS_INERROR: a statement failed, the transaction is aborted
 _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
@@ -42,10 +38,47 @@ _watch_lock = threading.Lock()
 def refuse_busy_session(session: Session) -> None:
     """Refuse a session already in a transaction: its pending work is not ours to commit or
     roll back, so this is checked before the inbox touches the session at all."""
+    if not isinstance(session, Session):
+        raise SessionConfigurationError(
+            f"session_factory must return a sqlalchemy.orm.Session, got {type(session).__name__}"
+        )
     if session.in_transaction():
         raise SessionConfigurationError(
             "session_factory returned a session that is already in a transaction; the inbox "
             "needs a fresh session per handler (e.g. sessionmaker(engine))"
+        )
+
+
+def check_session_factory(
+    session_factory: Callable[[], Session], claim_statement: ClauseElement
+) -> None:
+    """Refuse, when the inbox is made, a session factory it could never use: sessions that
+    come already in a transaction or bound to an outer Connection, and a database dialect or
+    driver the inbox is not tested on. Nothing connects to the database here.
+
+    A factory not bound yet (``sessionmaker()`` configured later) passes; the same checks
+    then run on the first message, raising the same errors.
+    """
+    session = session_factory()
+    if not isinstance(session, Session):
+        return  # a stand-in for now; refuse_busy_session() refuses it if it is ever used
+    refuse_busy_session(session)  # before the try: a busy session is not ours to close
+    try:
+        try:
+            bind = session.get_bind(clause=claim_statement)
+        except UnboundExecutionError:
+            return
+        _refuse_shared_transaction(session, bind)
+        check_supported(bind.dialect)
+    finally:
+        type(session).close(session)
+
+
+def _refuse_shared_transaction(session: Session, bind: Engine | Connection) -> None:
+    if isinstance(bind, Connection) and session.join_transaction_mode != "create_savepoint":
+        raise SessionConfigurationError(
+            "the session is bound to a Connection: the inbox must own the transaction. Bind "
+            "the sessionmaker to an Engine, or use join_transaction_mode='create_savepoint'"
         )
 
 
@@ -60,17 +93,13 @@ def begin_claim_transaction(
     failing handler would leave it behind and its message would never run again).
     """
     bind = session.get_bind(clause=claim_statement)
-    if isinstance(bind, Connection) and session.join_transaction_mode != "create_savepoint":
-        raise SessionConfigurationError(
-            "the session is bound to a Connection: the inbox must own the transaction. Bind "
-            "the sessionmaker to an Engine, or use join_transaction_mode='create_savepoint'"
-        )
+    _refuse_shared_transaction(session, bind)
     transaction = session.begin()
     connection = session.connection(bind_arguments={"bind": bind})
     _watch(connection.engine)
     if connection.dialect.name in _MYSQL_DIALECTS:
         connection.info.pop(_ABORTED_BY, None)
-    if _autocommits(connection):
+    if autocommits(connection):
         raise SessionConfigurationError(
             "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
             "the handler's writes. Use an engine without isolation_level='AUTOCOMMIT'"
@@ -104,7 +133,7 @@ def _remember_transaction_abort(context: ExceptionContext) -> None:
         )
 
 
-def _autocommits(connection: Connection) -> bool:
+def autocommits(connection: Connection) -> bool:
     """Whether the driver connection commits every statement itself (read client-side)."""
     if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
         return True
@@ -163,53 +192,3 @@ def _libpq_transaction_status(connection: Connection) -> object:
     # psycopg 3 (an IntEnum) and psycopg2 (an int) both expose libpq's PQtransactionStatus.
     info = getattr(connection.connection.dbapi_connection, "info", None)
     return getattr(info, "transaction_status", None)
-
-
-def transaction_guards(handler: str) -> Mapping[str, Callable[..., NoReturn]]:
-    """Stand-ins for the session methods that would end the inbox's transaction, and for the
-    connection's commit step."""
-
-    def forbidden(method: str) -> Callable[..., NoReturn]:
-        def refuse(*args: object, **kwargs: object) -> NoReturn:
-            raise TransactionControlError(
-                f"handler {handler!r} called session.{method}(): the inbox owns the "
-                "transaction (it commits the claim and your writes together). Use "
-                "session.flush() to send writes early, or session.begin_nested() for a "
-                "savepoint; raise an exception to roll everything back."
-            )
-
-        return refuse
-
-    def refuse_commit(*args: object, **kwargs: object) -> NoReturn:
-        raise TransactionControlError(
-            f"handler {handler!r} ended the inbox's transaction with a commit; it was refused "
-            "and nothing was committed. The inbox commits the claim and your writes together: "
-            "never commit in a handler."
-        )
-
-    guards = {method: forbidden(method) for method in _SESSION_CONTROL}
-    guards[_CONNECTION_COMMIT] = refuse_commit
-    return guards
-
-
-def guard_session(
-    session: Session,
-    guards: Mapping[str, Callable[..., NoReturn]],
-    connection: Connection,
-) -> None:
-    """Hide the session's transaction-ending methods behind ``guards`` for a handler call,
-    and refuse any commit on the claim's connection until :func:`unguard_session`.
-
-    Instance attributes shadow the class methods; the inbox itself always calls the class
-    methods (``type(session).commit(session)``), after :func:`unguard_session`.
-    """
-    for name, guard in guards.items():
-        target = connection if name == _CONNECTION_COMMIT else session
-        target.__dict__[name] = guard
-
-
-def unguard_session(session: Session, connection: Connection) -> None:
-    """Remove the guards, so a session that outlives the call (scoped_session) is intact."""
-    for method in _SESSION_CONTROL:
-        session.__dict__.pop(method, None)
-    connection.__dict__.pop(_CONNECTION_COMMIT, None)

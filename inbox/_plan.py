@@ -1,0 +1,109 @@
+"""The decisions around the handler transactions that do no I/O: which handlers take a
+message and under which keys, and how their outcomes become a result or an error.
+
+Blocking and async inboxes share these; only running the transactions differs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from inbox._handlers import RegisteredHandler, Registry
+from inbox.errors import (
+    HandlerFailed,
+    SessionConfigurationError,
+    UnhandledMessage,
+    UnsupportedDialect,
+)
+from inbox.message import Message
+from inbox.result import Outcome, ProcessResult, Unhandled
+
+__all__ = ["CONFIGURATION_ERRORS", "Planned", "Settlement", "plan", "require_messages"]
+
+logger = logging.getLogger("inbox.core")
+
+CONFIGURATION_ERRORS: Final = (SessionConfigurationError, UnsupportedDialect)
+"""Errors that say the inbox is set up wrong, not that a message failed: they are raised as
+themselves at once (no handler failure recorded, nothing retried)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A message with the handlers that take it and each handler's claim key, in order."""
+
+    message: Message
+    handlers: Sequence[RegisteredHandler]
+    keys: Sequence[bytes]
+
+
+def require_messages(messages: object, method: str) -> Sequence[Message]:
+    """Return ``messages`` if it is a sequence of :class:`~inbox.Message`, else TypeError."""
+    if isinstance(messages, Message) or not isinstance(messages, Sequence):
+        raise TypeError(
+            f"{method}() takes a sequence of inbox.Message, got {type(messages).__name__}"
+        )
+    for message in messages:
+        if not isinstance(message, Message):
+            raise TypeError(f"{method}() takes inbox.Message items, got {type(message).__name__}")
+    return messages
+
+
+def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planned | ProcessResult:
+    """The handlers that take ``message`` with their claim keys, or the finished result of a
+    message no handler takes (when the inbox ignores those).
+
+    Raises :class:`~inbox.UnhandledMessage` for a type no handler takes (unless ignored) and
+    :class:`~inbox.InvalidKey` when a key cannot be derived: then nothing runs at all.
+    """
+    if not isinstance(message, Message):
+        raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
+    handlers = registry.for_type(message.type)
+    if not handlers:
+        if on_unhandled is Unhandled.RAISE:
+            raise UnhandledMessage(message.id, message.type)
+        logger.info("message %s of type %r ignored: no handler", message.id, message.type)
+        return ProcessResult(message.id, {})
+    return Planned(message, handlers, [handler.claim_key(message) for handler in handlers])
+
+
+@dataclass(slots=True)
+class Settlement:
+    """The outcomes of one message's handlers as they come in, then its result."""
+
+    message: Message
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    failures: dict[str, Exception] = field(default_factory=dict)
+
+    def done(self, handler: str, outcome: Outcome) -> None:
+        """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
+        self.outcomes[handler] = outcome
+        if outcome is Outcome.DUPLICATE:
+            logger.info(
+                "duplicate skipped: message %s (type %r) already processed by %s",
+                self.message.id,
+                self.message.type,
+                handler,
+            )
+
+    def failed(self, handler: str, error: Exception) -> None:
+        """Record a handler whose transaction was rolled back."""
+        self.failures[handler] = error
+        logger.warning(
+            "handler %s failed on message %s (type %r); its transaction was rolled back",
+            handler,
+            self.message.id,
+            self.message.type,
+            exc_info=error,
+        )
+
+    def result(self) -> ProcessResult:
+        """The result, or :class:`~inbox.HandlerFailed` (chained from the first failure)
+        when a handler failed: the others' outcomes are in its ``result``."""
+        result = ProcessResult(self.message.id, dict(self.outcomes))
+        if self.failures:
+            first = next(iter(self.failures.values()))
+            raise HandlerFailed(self.message.id, self.failures, result) from first
+        return result

@@ -1,0 +1,203 @@
+"""The handler transaction: the inbox's unit of work, shared by every way of processing.
+
+The whole idea, as :meth:`inbox.Inbox.process` runs it for one handler::
+
+    with HandlerTransaction(session_factory(), claims) as txn:  # BEGIN
+        if txn.claim(key, handler.name):                         # one INSERT decides
+            txn.run(handler, message)                            # in the same transaction
+            txn.commit()                                         # claim + writes, or neither
+    # leaving without commit() rolls back: the claim is released with the writes
+
+A concurrent duplicate blocks on the uncommitted claim row and then sees the winner's
+outcome, so there is no "processing" state to repair after a crash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+from collections.abc import Collection, Sequence
+from types import TracebackType
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from inbox._claim import Claims
+from inbox._commit_guard import Guards, guard, unguard
+from inbox._handlers import RegisteredHandler
+from inbox._session_checks import (
+    autocommits,
+    begin_claim_transaction,
+    ensure_committable,
+    refuse_busy_session,
+)
+from inbox.errors import (
+    ClaimCommittedEarly,
+    HandlerInterrupted,
+    RegistrationError,
+    TransactionControlError,
+)
+from inbox.message import Message
+
+__all__ = ["HandlerTransaction"]
+
+logger = logging.getLogger("inbox.core")
+
+
+class HandlerTransaction:
+    """One transaction holding claims and the writes of the handlers that won them.
+
+    Use it as a context manager: entering begins the transaction (after refusing a session
+    the inbox cannot own); :meth:`claim` / :meth:`claim_many` insert claims; :meth:`run`
+    calls a handler behind guards; :meth:`commit` commits, after checking the transaction
+    still holds its claims. Leaving without a commit rolls back and closes the session.
+    """
+
+    def __init__(self, session: Session, claims: Claims) -> None:
+        refuse_busy_session(session)
+        self._session = session
+        self._session_type = type(session)  # its methods, not the guards a handler sees
+        self._claims = claims
+        self._won: tuple[bytes, str] | None = None
+        self._ran: list[tuple[RegisteredHandler, Message]] = []
+        self._committed = False
+        self._at = dt.datetime.now(dt.UTC)
+
+    def __enter__(self) -> HandlerTransaction:
+        try:
+            self._transaction, self._connection = begin_claim_transaction(
+                self._session, self._claims.bind_clause
+            )
+        except BaseException:
+            self._end()
+            raise
+        return self
+
+    @property
+    def connection(self) -> Connection:
+        """The connection the claims and the handlers' writes share."""
+        return self._connection
+
+    def claim(self, key: bytes, handler: str) -> bool:
+        """Insert the claim ``(key, handler)``: True if this transaction won it, False if it
+        is a duplicate (already committed, or committed by a concurrent winner)."""
+        won = self._claims.claim(self._connection, key, handler, self._at)
+        if won and self._won is None:
+            self._won = (key, handler)
+        return won
+
+    def claim_many(self, keys: Sequence[bytes], handler: str) -> Collection[bytes]:
+        """Insert the claims for distinct ``keys`` (sorted, so that concurrent batches lock
+        in the same order) in one statement; return the keys won."""
+        won = self._claims.claim_many(self._connection, keys, handler, self._at)
+        if won and self._won is None:
+            self._won = (next(iter(won)), handler)
+        return won
+
+    def run(self, handler: RegisteredHandler, message: Message, guards: Guards) -> None:
+        """Call ``handler`` with ``message`` and the session, which it cannot commit, roll
+        back or close meanwhile. A :class:`BaseException` other than ``KeyboardInterrupt``
+        and ``SystemExit`` is raised as :class:`~inbox.HandlerInterrupted`."""
+        self._ran.append((handler, message))
+        guard(self._session, self._connection, guards)
+        try:
+            returned = handler.func(message, self._session)
+        except (Exception, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as interrupt:
+            raise HandlerInterrupted(handler.name, interrupt) from interrupt
+        finally:
+            unguard(self._session, self._connection)
+        if inspect.isawaitable(returned):
+            if inspect.iscoroutine(returned):
+                returned.close()  # never awaited: say so here rather than in a warning
+            raise RegistrationError(
+                f"handler {handler.name!r} returned an awaitable: the blocking Inbox cannot "
+                "await it, so its work would never run. Register it on an async inbox."
+            )
+
+    def commit(self) -> None:
+        """Commit the claims with the handlers' writes, or raise and commit nothing.
+
+        Refused when the transaction is no longer the one that holds the claims: a handler
+        ended it (raw ``ROLLBACK``, the driver's ``rollback()``, a swallowed error after which
+        the database aborted it) — committing would apply its later writes without a claim,
+        and every redelivery would apply them again.
+        """
+        names = ", ".join(dict.fromkeys(h.name for h, _ in self._ran))
+        ensure_committable(self._session, self._transaction, self._connection, names)
+        if self._won is not None and not self._claims.held(self._connection, *self._won):
+            raise TransactionControlError(
+                f"handler(s) {names} ended the inbox's transaction (a raw ROLLBACK, the "
+                "driver's rollback(), or an error the database aborted it for): the claim is "
+                "gone, so nothing was committed. Never end the transaction in a handler."
+            )
+        if autocommits(self._connection):
+            # A handler switched the connection to autocommit (MySQL's SET autocommit=1,
+            # which also committed everything before it): every write, the claim included,
+            # is already in. The connection must not go back to the pool in that mode.
+            logger.warning("handler(s) %s switched the connection to autocommit", names)
+            self._connection.invalidate()
+            self._committed = True
+            return
+        # The handlers' writes and the claims commit together, or not at all.
+        self._session_type.commit(self._session)
+        self._committed = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._committed:
+            self._end()
+            return
+        self._rollback()
+        try:
+            if exc is not None and self._ran and self._won is not None:
+                self._refuse_early_commit(exc)
+        finally:
+            self._end()
+
+    def _refuse_early_commit(self, failure: BaseException) -> None:
+        """After rolling back a failed handler, raise :class:`~inbox.ClaimCommittedEarly` if
+        its claim survived: something committed the transaction under the inbox before the
+        failure, so a redelivery would be skipped as a duplicate."""
+        if not isinstance(failure, Exception) or _connection_lost(failure):
+            return
+        assert self._won is not None
+        key, handler = self._won
+        try:
+            connection = self._session.connection(
+                bind_arguments={"clause": self._claims.bind_clause}
+            )
+            survived = self._claims.held(connection, key, handler)
+            self._rollback()
+        except Exception:
+            logger.exception("could not check whether a failed handler's claim was committed")
+            return
+        if survived:
+            handler_run, message = self._ran[-1]
+            raise ClaimCommittedEarly(handler_run.name, message.id) from failure
+
+    def _rollback(self) -> None:
+        """Roll back without letting a failing rollback hide the failure being handled."""
+        try:
+            self._session_type.rollback(self._session)
+        except Exception:
+            logger.exception("rollback after a failed handler transaction failed as well")
+
+    def _end(self) -> None:
+        self._session_type.close(self._session)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DBAPIError) and seen.connection_invalidated:
+            return True
+        seen = seen.__cause__
+    return False

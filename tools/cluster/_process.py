@@ -1,0 +1,102 @@
+"""Process plumbing shared by the cluster harnesses: free ports, bounded waits, commands
+with timeouts, and killing a whole process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["ClusterError", "Fatal", "free_ports", "kill_group", "run", "wait_until"]
+
+
+class ClusterError(RuntimeError):
+    """A cluster node could not be started, stopped or queried."""
+
+
+class Fatal(ClusterError):
+    """A failure that waiting longer cannot cure (the process being waited for exited)."""
+
+
+def free_ports(count: int, start: int, stop: int = 40000) -> list[int]:
+    """``count`` consecutive loopback TCP ports from ``start`` on that nobody listens on.
+
+    A block of consecutive ports keeps the layout readable (node 1, 2, 3 = base + 0, 1, 2).
+    """
+    for base in range(start, stop - count):
+        if all(_free(port) for port in range(base, base + count)):
+            return list(range(base, base + count))
+    raise ClusterError(f"no {count} free consecutive ports between {start} and {stop}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def run(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120.0,
+    cwd: Path | None = None,
+) -> str:
+    """Run ``command`` and return its stdout; raise :class:`ClusterError` with its stderr
+    when it fails or outlives ``timeout`` seconds."""
+    try:
+        done = subprocess.run(
+            list(command),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterError(f"{command[0]} {command[1:3]} timed out after {timeout} s") from exc
+    if done.returncode != 0:
+        detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
+        raise ClusterError(
+            f"{Path(command[0]).name} {' '.join(command[1:4])} exited {done.returncode}: "
+            + " | ".join(detail)
+        )
+    return done.stdout
+
+
+def wait_until(check: Callable[[], bool], *, timeout: float, what: str, every: float = 0.5) -> None:
+    """Call ``check`` until it returns true; :class:`ClusterError` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Fatal:
+            raise
+        except (ClusterError, OSError):
+            pass  # not up yet
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what}: not reached after {timeout} s")
+        time.sleep(every)
+
+
+def kill_group(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> None:
+    """SIGKILL the process group ``process`` leads (it was started with a session of its
+    own) and reap it."""
+    # The whole group even when its leader has exited: children may outlive it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterError(f"process {process.pid} survived SIGKILL") from exc

@@ -174,6 +174,10 @@ class HandlerTransaction:
             connection = self._session.connection(
                 bind_arguments={"clause": self._claims.bind_clause}
             )
+            if connection.dialect.name in ("mysql", "mariadb"):
+                # LOCK TABLES (which also commits) outlives ROLLBACK: release it, or the check
+                # fails and the connection goes back to the pool holding table locks.
+                connection.exec_driver_sql("UNLOCK TABLES")
             survived = self._claims.held(connection, key, handler)
             self._rollback()
         except Exception:

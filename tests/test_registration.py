@@ -6,11 +6,11 @@ import functools
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import Inbox, Message, Outcome, RegistrationError, Unhandled
-from inbox.schema import HANDLER_NAME_MAX_LENGTH
+from inbox import HandlerFailed, Inbox, Message, Outcome, RegistrationError, Unhandled
+from inbox.schema import HANDLER_NAME_MAX_LENGTH, inbox_message, metadata
 
 
 def module_level(message: Message, session: Session) -> None:
@@ -145,3 +145,61 @@ def test_outcomes_compare_equal_to_their_names() -> None:
     assert Outcome.DUPLICATE == "duplicate"
     assert Outcome.IGNORED == "ignored"
     assert Unhandled("ignore") is Unhandled.IGNORE
+
+
+async def async_handler(message: Message, session: Session) -> None:
+    """A coroutine function: calling it runs nothing until awaited."""
+
+
+async def async_generator(message: Message, session: Session) -> Any:
+    yield None
+
+
+class AsyncCallable:
+    async def __call__(self, message: Message, session: Session) -> None:
+        """An instance whose call returns a coroutine."""
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        async_handler,
+        async_generator,
+        AsyncCallable(),
+        functools.partial(async_handler),
+    ],
+    ids=["async def", "async generator", "async __call__", "partial of async def"],
+)
+def test_coroutine_handlers_are_refused_at_registration(inbox: Inbox, func: Any) -> None:
+    with pytest.raises(RegistrationError, match="coroutine function"):
+        inbox.handler("t", name="async")(func)
+    assert inbox.handlers == ()
+
+
+def test_a_coroutine_key_function_is_refused_at_registration(inbox: Inbox) -> None:
+    async def key(message: Message) -> str:
+        return "k"
+
+    with pytest.raises(RegistrationError, match="key function"):
+        inbox.handler("t", key=key)(module_level)
+    assert inbox.handlers == ()
+
+
+def test_a_handler_returning_an_awaitable_fails_and_commits_nothing() -> None:
+    """What registration cannot see (a plain function that returns a coroutine) is caught
+    when it returns: the claim is rolled back instead of committed for work never run."""
+    engine = create_engine("sqlite://")
+    metadata.create_all(engine)
+    inbox = Inbox(sessionmaker(engine))
+
+    def sneaky(message: Message, session: Session) -> Any:
+        return async_handler(message, session)
+
+    inbox.handler("t", name="sneaky")(sneaky)
+    message = Message.new("t", {})
+    with pytest.raises(HandlerFailed) as failed:
+        inbox.process(message)
+    assert "returned an awaitable" in str(failed.value.failures["sneaky"])
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(inbox_message)).scalar() == 0
+    engine.dispose()

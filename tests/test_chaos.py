@@ -15,7 +15,7 @@ from conftest import Rabbit
 
 pytestmark = pytest.mark.slow
 
-HARNESS = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos" / "run.py"
+HARNESS = Path(__file__).resolve().parent.parent / "tools" / "chaos" / "run.py"
 
 
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])

@@ -1,8 +1,8 @@
 """Chaos harness: many things go wrong at once, and every operation still commits exactly once.
 
-    .venv/bin/python benchmarks/chaos/run.py                       # short mode (CI): 5,000 ops
-    .venv/bin/python benchmarks/chaos/run.py --database mariadb    # the same on MariaDB
-    .venv/bin/python benchmarks/chaos/run.py --soak                # 200,000 ops + a DB restart
+    .venv/bin/python tools/chaos/run.py                       # short mode (CI): 5,000 ops
+    .venv/bin/python tools/chaos/run.py --database mariadb    # the same on MariaDB
+    .venv/bin/python tools/chaos/run.py --soak                # 200,000 ops + a DB restart
 
 Publishes N business operations through RabbitMQ (a vhost of its own) with duplicates:
 copies under the same message id (producer retries, redeliveries) and copies under a fresh id
@@ -14,7 +14,7 @@ sessions, handlers that raise, poison operations that always raise, and (soak) a
 restart. Killed workers are respawned. At the end the ledger must show every operation
 committed exactly once, or dead-lettered with its reason: zero missing, zero doubled.
 
-Prints a one-screen report and writes JSON to benchmarks/results/; exits 1 if the ledger
+Prints a one-screen report and writes JSON to tools/chaos/results/; exits 1 if the ledger
 is not exact.
 """
 
@@ -321,10 +321,10 @@ def count_logs(paths: list[Path]) -> dict[str, int]:
     return dict(counts)
 
 
-def chaos(settings: Settings) -> dict[str, Any]:
+def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0915 (one run, read top to bottom)
     rng = random.Random(settings.seed + 1)
     application_name = f"chaos-{uuid.uuid4().hex[:8]}"
-    logs = HERE.parent / "results" / f"chaos-logs-{application_name}"
+    logs = HERE / "results" / f"chaos-logs-{application_name}"
     logs.mkdir(parents=True, exist_ok=True)
     with vhost() as vhost_name, database(settings.database, application_name) as (url, engine):
         broker = f"{AMQP}/{vhost_name}"
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     report = chaos(settings)
     print_report(report, settings)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.json or HERE.parent / "results" / f"chaos-{settings.database}-{stamp}.json"
+    path = args.json or HERE / "results" / f"chaos-{settings.database}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(

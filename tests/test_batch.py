@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Database, effects_metadata
-from helpers import order, record_effect
 from sqlalchemy import Engine, MetaData, create_engine, event, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database, effects_metadata
+from support.effects import order, record_effect
 
 from inbox import (
     HandlerFailed,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Rabbit
+from support.rabbit import Rabbit
 
 pytestmark = pytest.mark.slow
 

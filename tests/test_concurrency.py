@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Database
-from helpers import Recorder, order, record_effect
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database
+from support.effects import Recorder, order, record_effect
 
 import inbox
 from inbox import HandlerFailed, Inbox, Message, Outcome

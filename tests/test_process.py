@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Database, effects
-from helpers import Recorder, order, record_effect
 from sqlalchemy import Index, MetaData, create_engine, event, func, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from support.databases import Database, effects
+from support.effects import Recorder, order, record_effect
 
 from inbox import (
     HandlerFailed,

@@ -4,12 +4,12 @@ key, handler failures, fan-out — every (operation, handler) effect commits exa
 from __future__ import annotations
 
 import pytest
-from conftest import effects, effects_metadata
-from helpers import Recorder, order
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import sessionmaker
+from support.databases import effects, effects_metadata
+from support.effects import Recorder, order
 
 from inbox import HandlerFailed, Inbox, Message
 from inbox.message import IDEMPOTENCY_KEY_HEADER

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import Database, effects
-from helpers import Recorder, order, record_effect
 from sqlalchemy import Engine, create_engine, event, insert, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database, effects
+from support.effects import Recorder, order, record_effect
 
 from inbox import Inbox, Message, Outcome
 from inbox._retry import is_transient

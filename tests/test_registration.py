@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database
 
 from inbox import HandlerFailed, Inbox, Message, Outcome, RegistrationError, Unhandled
 from inbox.schema import HANDLER_NAME_MAX_LENGTH, inbox_message, metadata
@@ -107,8 +108,16 @@ def test_bad_names_are_rejected(inbox: Inbox, name: Any, fragment: str) -> None:
         inbox.handler("t", name=name)(module_level)
 
 
-def test_a_name_at_the_column_limit_is_accepted(inbox: Inbox) -> None:
-    inbox.handler("t", name="x" * HANDLER_NAME_MAX_LENGTH)(module_level)
+def test_a_name_at_the_column_limit_is_accepted(db: Database) -> None:
+    """Accepted at registration, and the claim row holds the whole name on every backend."""
+    inbox = Inbox(db.sessions)
+    name = "x" * HANDLER_NAME_MAX_LENGTH
+    inbox.handler("t", name=name)(module_level)
+    assert [h.name for h in inbox.handlers] == [name]
+    result = inbox.process(Message.new("t", {}))
+    assert result.outcomes == {name: Outcome.PROCESSED}
+    with db.engine.connect() as connection:
+        assert connection.execute(select(inbox_message.c.handler)).scalars().all() == [name]
 
 
 @pytest.mark.parametrize("message_type", ["", 5, b"t"])

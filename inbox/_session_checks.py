@@ -30,6 +30,7 @@ _MYSQL_DIALECTS: Final = ("mysql", "mariadb")
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _MYSQL_TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
+_LIBPQ_IDLE: Final = 0  # PQTRANS_IDLE: no transaction open
 _LIBPQ_IN_ERROR: Final = 3  # PQTRANS_INERROR: a statement failed, the transaction is aborted
 _watched_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
@@ -177,9 +178,17 @@ def ensure_committable(
             "transaction (a deadlock was caught and ignored?): the claim and the writes "
             "before it are gone, and committing the rest would apply it partially."
         ) from aborted_by
-    if connection.dialect.name == "postgresql" and _libpq_transaction_status(connection) == (
-        _LIBPQ_IN_ERROR
-    ):
+    status = (
+        _libpq_transaction_status(connection) if connection.dialect.name == "postgresql" else None
+    )
+    if status == _LIBPQ_IDLE:
+        raise TransactionControlError(
+            f"handler(s) {handler} ended the inbox's transaction (a raw COMMIT or ROLLBACK, or "
+            "the driver's commit()/rollback()) and PostgreSQL is no longer in a transaction. "
+            "Statements after that may have been committed one by one (psycopg2 runs them "
+            "outside any transaction): this message needs reconciling, not a retry."
+        )
+    if status == _LIBPQ_IN_ERROR:
         raise TransactionControlError(
             f"handler {handler!r} returned normally, but a statement in its transaction "
             "failed and PostgreSQL aborted the transaction (was a database error caught and "

@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pymysql
 import pytest
-from conftest import Database
-from helpers import Recorder, order
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
+from support.databases import Database
+from support.effects import Recorder, order
 
 from inbox import HandlerFailed, Inbox, Outcome, TransactionControlError, UnsupportedDialect
 

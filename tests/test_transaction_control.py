@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from conftest import Database, effects
-from helpers import order, record_effect
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
+from support.databases import Database, effects
+from support.effects import order, record_effect
 
 from inbox import (
     ClaimCommittedEarly,

@@ -7,6 +7,7 @@ delivery: each (message, handler) pair commits its database effects once and onl
 
 from typing import TYPE_CHECKING
 
+from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler
 from inbox.core import Inbox
 from inbox.errors import (
     ClaimCommittedEarly,
@@ -31,15 +32,18 @@ __all__ = [
     "ClaimCommittedEarly",
     "CleanupReport",
     "HandlerFailed",
+    "HandlerFunc",
     "HandlerInterrupted",
     "Inbox",
     "InboxError",
     "InvalidKey",
     "InvalidMessage",
+    "KeyFunc",
     "Message",
     "Outcome",
     "ProcessResult",
     "PublishError",
+    "RegisteredHandler",
     "RegistrationError",
     "SessionConfigurationError",
     "TransactionControlError",

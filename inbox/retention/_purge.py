@@ -1,0 +1,130 @@
+"""``cleanup``: delete claims older than a window, in short batches that run beside workers;
+on a partitioned table, drop expired day partitions whole and clean the rest in batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import URL, Engine, Table, create_engine
+
+from inbox.retention._batches import count_expired, delete_in_batches
+from inbox.retention._catalog import is_partitioned, list_partitions
+from inbox.retention._drop import drop_partitions
+from inbox.retention._ids import id_floor
+from inbox.retention._layout import partition_table
+from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+
+__all__ = ["MAX_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]
+
+MAX_BATCH_SIZE: Final = 1_000_000
+"""The largest ``batch_size`` :func:`cleanup` accepts."""
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReport:
+    """What one cleanup run did (or, with ``dry_run``, would do)."""
+
+    deleted: int
+    """Rows deleted; with ``dry_run``, rows that would be deleted."""
+    batches: int
+    """Delete transactions run (0 for a dry run)."""
+    seconds: float
+    cutoff: dt.datetime
+    """Claims with ``processed_at`` strictly before this instant were (or would be) deleted."""
+    dry_run: bool
+    longest_batch_seconds: float = 0.0
+    """Seconds of the slowest single transaction that can hold up a claim: a delete batch,
+    or (partitioned tables) one that detaches expired partitions under the table lock, its
+    wait for the lock included. 0.0 for a dry run."""
+    partitions_dropped: tuple[str, ...] = ()
+    """Partitions dropped whole (partitioned tables only); their rows count in ``deleted``."""
+
+
+def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime:
+    """Return ``now - days``: claims processed strictly before it are past retention."""
+    if isinstance(days, bool) or not isinstance(days, int):
+        raise TypeError(f"days must be a whole number, got {type(days).__name__}")
+    if days < 1:
+        raise ValueError(f"days must be at least 1, got {days}")
+    now = dt.datetime.now(dt.UTC) if now is None else now
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    try:
+        return now - dt.timedelta(days=days)
+    except OverflowError:
+        raise ValueError(f"days={days} reaches before year 1; use a smaller window") from None
+
+
+def cleanup(
+    bind: Engine | URL | str,
+    *,
+    days: int,
+    batch_size: int = 10_000,
+    dry_run: bool = False,
+    table: str | Table = DEFAULT_TABLE_NAME,
+    now: dt.datetime | None = None,
+) -> CleanupReport:
+    """Delete inbox claims whose ``processed_at`` is strictly older than ``now - days``.
+
+    Deletes at most ``batch_size`` rows per transaction and commits each batch, so live
+    workers are never blocked for long. ``bind`` is an engine or a database URL. The window
+    must be longer than the longest time a message can still be redelivered: a deleted claim
+    no longer deduplicates. On a table partitioned by :mod:`inbox.partitioning`
+    (PostgreSQL), expired day partitions are dropped whole (see
+    :func:`inbox.partitioning.drop_partitions`) and every other partition is cleaned in
+    batches, one partition at a time; that needs the table's owner.
+    """
+    cutoff = cutoff_for(days, now)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be a whole number, got {type(batch_size).__name__}")
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")
+    inbox_table = resolve_table(table)
+    engine = bind if isinstance(bind, Engine) else create_engine(bind)
+    started = time.perf_counter()
+    try:
+        if dry_run:
+            with engine.connect() as connection:
+                expired = count_expired(connection, inbox_table, cutoff)
+            return CleanupReport(expired, 0, time.perf_counter() - started, cutoff, True)
+        if is_partitioned(engine, inbox_table):
+            return _cleanup_partitioned(engine, inbox_table, cutoff, batch_size, started)
+        deleted, batches, longest = delete_in_batches(engine, inbox_table, cutoff, batch_size)
+        elapsed = time.perf_counter() - started
+        return CleanupReport(deleted, batches, elapsed, cutoff, False, longest)
+    finally:
+        if not isinstance(bind, Engine):
+            engine.dispose()
+
+
+def _cleanup_partitioned(
+    engine: Engine, table: Table, cutoff: dt.datetime, batch_size: int, started: float
+) -> CleanupReport:
+    partitions = list_partitions(engine, table)
+    expired_ids = id_floor(cutoff)
+    # Day partitions whose whole id range ends before the cutoff: drop them if their claims
+    # are all expired too.
+    old_days = [
+        p.name for p in partitions if p.lower is not None and p.upper and p.upper <= expired_ids
+    ]
+    drops = drop_partitions(engine, table, old_days, cutoff=cutoff)
+    dropped = {name for name, _ in drops.dropped}
+    deleted = sum(rows for _, rows in drops.dropped)
+    batches = 0
+    longest = drops.longest_seconds
+    for partition in partitions:
+        if partition.name in dropped:
+            continue
+        # Kept (a young claim in an old range, the lock was busy) or not a day partition.
+        count, runs, slowest = delete_in_batches(
+            engine, partition_table(table, partition), cutoff, batch_size, gone_ok=True
+        )
+        deleted += count
+        batches += runs
+        longest = max(longest, slowest)
+    elapsed = time.perf_counter() - started
+    names = tuple(name for name, _ in drops.dropped)
+    return CleanupReport(deleted, batches, elapsed, cutoff, False, longest, names)

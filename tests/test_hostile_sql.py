@@ -1,0 +1,115 @@
+"""No SQL in the library is built by string formatting: table and schema names reach SQL as
+Table objects (after the identifier checks test_hostile_cli.py exercises), values as bound
+parameters. An AST checker over the library's source, and a test that the checker catches what
+it must."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import inbox as inbox_package
+
+RAW_SQL_CALLS = {"text", "literal_column", "exec_driver_sql", "DDL", "TextClause"}
+EXECUTING_CALLS = {"execute", "exec_driver_sql", "executemany", "executescript"}
+
+
+def is_built_string(node: ast.expr) -> bool:
+    """An f-string, a %- or +-formatted string, a .format() or .join() call."""
+    if isinstance(node, ast.JoinedStr):
+        return True
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod | ast.Add):
+        return any(
+            (isinstance(side, ast.Constant) and isinstance(side.value, str))
+            or is_built_string(side)
+            for side in (node.left, node.right)
+        )
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("format", "join")
+    )
+
+
+def is_compiled_construct(node: ast.expr) -> bool:
+    """``str(<construct>.compile(...))``: SQL that SQLAlchemy rendered from a statement."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "str"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Call)
+        and isinstance(node.args[0].func, ast.Attribute)
+        and node.args[0].func.attr == "compile"
+    )
+
+
+def raw_sql_findings(source: str) -> tuple[list[str], list[str]]:
+    """(every raw-SQL call with its first argument, the ones whose SQL text is computed).
+
+    A name bound to ``str(<construct>.compile(...))`` counts as safe SQL: SQLAlchemy
+    rendered it from a statement, with bound parameters, and no string was formatted.
+    """
+    found: list[str] = []
+    bad: list[str] = []
+    tree = ast.parse(source)
+    rendered = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and is_compiled_construct(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        first = node.args[0] if node.args else None
+        if name in RAW_SQL_CALLS:
+            found.append(f"{name}({ast.unparse(first) if first else ''})")
+            literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            compiled = isinstance(first, ast.Name) and first.id in rendered
+            if not literal and not compiled:
+                bad.append(f"line {node.lineno}: {name}() of a computed string")
+        if name in EXECUTING_CALLS and first is not None and is_built_string(first):
+            bad.append(f"line {node.lineno}: {name}() of a formatted string")
+    return found, bad
+
+
+def test_the_checker_catches_formatted_sql() -> None:
+    for snippet in [
+        'text(f"DELETE FROM {table}")',
+        'text("DELETE FROM %s" % table)',
+        'text("DELETE FROM {}".format(table))',
+        'literal_column("x" + name)',
+        'connection.exec_driver_sql(f"SELECT {x}")',
+        'connection.execute("SELECT " + x)',
+        "text(sql)",
+        "sql = str(name)\nconnection.exec_driver_sql(sql)",
+        "sql = str(query).format(x)\nconnection.exec_driver_sql(sql)",
+    ]:
+        assert raw_sql_findings(snippet)[1], snippet
+    assert raw_sql_findings('text("SELECT 1"); connection.execute(select(t))')[1] == []
+    rendered = "sql = str(insert(t).compile(dialect=d))\nconnection.exec_driver_sql(sql, params)"
+    assert raw_sql_findings(rendered)[1] == []
+
+
+def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
+    library = Path(inbox_package.__file__).parent
+    found: dict[str, list[str]] = {}
+    for path in sorted(library.rglob("*.py")):
+        calls, bad = raw_sql_findings(path.read_text(encoding="utf-8"))
+        assert bad == [], f"{path.relative_to(library)}: {bad}"
+        if calls:
+            found[path.relative_to(library).as_posix()] = calls
+    # The library's only raw SQL: two constant pseudo-column names, a constant UNLOCK TABLES
+    # (MariaDB), and the PostgreSQL claim that SQLAlchemy rendered once from the insert
+    # construct. Table and schema names reach SQL as sqlalchemy Table objects (quoted by the
+    # dialect) after resolve_table() has refused anything but plain identifiers; values are
+    # always bound parameters.
+    assert found == {
+        "_claim.py": ["exec_driver_sql(sql)"],
+        "_transaction.py": ["exec_driver_sql('UNLOCK TABLES')"],
+        "retention/_batches.py": ["literal_column('ctid')", "literal_column('rowid')"],
+    }

@@ -55,6 +55,7 @@ SETTINGS = {
     "max_replication_slots": "5",
     "hot_standby": "on",
     "wal_keep_size": "64MB",
+    "wal_retrieve_retry_interval": "200ms",  # promote at once after the primary dies
     "logging_collector": "off",
     "log_min_messages": "warning",
 }

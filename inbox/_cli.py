@@ -63,22 +63,40 @@ def whole_number(low: int, high: int | None = None) -> type[int]:
 
 def database_url(given: str | None) -> URL:
     """The database URL from ``--database-url`` or :data:`DATABASE_URL_ENV`; a ValueError
-    that never echoes the text (it may hold the password) when it does not parse."""
+    that never echoes the text (it may hold the password) when it does not parse, or when
+    an unescaped ``@`` makes it ambiguous."""
     text = given if given is not None else os.environ.get(DATABASE_URL_ENV)
     if not text:
         raise ValueError(f"no database: pass --database-url or set {DATABASE_URL_ENV}")
     try:
-        return make_url(text)
+        url = make_url(text)
     except (ArgumentError, ValueError):
         raise ValueError("--database-url is not a valid SQLAlchemy URL") from None
+    if url.password is not None and "@" in _after_password(text):
+        # The parser ends the password at its first '@' and takes the rest of it for the
+        # host: connecting would send the password's tail to DNS and print it in the error.
+        raise ValueError(
+            "--database-url has an '@' after its password: percent-encode '@' as %40 in the "
+            "password (and anywhere else in the URL)"
+        )
+    return url
 
 
-_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^\s:/@]*:)[^\s@]*@")
+def _after_password(text: str) -> str:
+    """What follows the userinfo of a URL with a password: SQLAlchemy's parser takes the
+    user name up to the first ':' and the password up to the next '@'."""
+    authority = text.partition("://")[2]
+    return authority.partition(":")[2].partition("@")[2]
+
+
+# Up to the last '@' of the word: an unescaped '@' in a password must not end the mask.
+_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^\s:/@]*:)\S*@")
 
 
 def mask_urls(text: str) -> str:
     """``text`` with the password of every URL in it masked (argparse echoes arguments it
-    did not recognise, URLs given in the wrong place included)."""
+    did not recognise, URLs given in the wrong place included), everything up to the last
+    ``@`` of the URL included."""
     return _URL_CREDENTIALS.sub(r"\g<head>***@", text)
 
 
@@ -95,6 +113,8 @@ def database_error_line(exc: BaseException, url: URL) -> str:
     lines = str(orig if orig is not None else exc).strip().splitlines()
     message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     secrets = [str(url.password)] if url.password else []
+    if url.host and "@" in url.host:  # the tail of a password with an unescaped '@'
+        secrets.extend(part for part in url.host.split("@")[:-1] if part)
     query = dict(url.query)
     for name, value in url.query.items():
         if any(word in name.lower() for word in _SECRET_QUERY_WORDS):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import POSTGRES_URL, Database
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine, insert, select
 
 from inbox import cleanup
@@ -241,6 +243,47 @@ def test_cli_masks_the_password_even_where_the_server_repeats_it(url: str) -> No
     assert "hunter2pw" not in err
     assert "***" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# Regression (issue 15, bug 6): with an unescaped '@' in the password, the URL parser ended
+# the password at that '@' and took its tail for the host, so the error read "failed to
+# resolve host 'tPassw0rd@127.0.0.1'", twice.
+def test_cli_refuses_a_password_with_an_unescaped_at_without_printing_any_of_it() -> None:
+    url = "postgresql+psycopg://app:s3cr@tPassw0rd@127.0.0.1:1/app?connect_timeout=2"
+    code, out, err = run_cli("--days", "30", "--database-url", url)
+    assert code == 2
+    assert out == ""
+    assert "s3cr" not in err
+    assert "tPassw0rd" not in err
+    assert "percent-encode '@' as %40" in err
+    escaped = url.replace("s3cr@tPassw0rd", "s3cr%40tPassw0rd")
+    code, _, err = run_cli("--days", "30", "--database-url", escaped)
+    assert code == 1, err  # the escaped form is a valid URL: the server is just not there
+    assert "tPassw0rd" not in err
+
+
+# Letters that no message of the CLI puts side by side, and the characters a URL parser
+# treats specially.
+_SECRET_LETTERS = "BFGJKMWXZ"
+_PASSWORDS = st.text(alphabet=_SECRET_LETTERS + "@:/?#%!$&=+;,[]", min_size=1, max_size=24)
+
+
+def secret_fragments(password: str) -> set[str]:
+    """Every run of two or more letters of ``password``: what a parser could cut out of it."""
+    return set(re.findall(f"[{_SECRET_LETTERS}]{{2,}}", password))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(password=_PASSWORDS)
+def test_cli_never_prints_a_fragment_of_an_unescaped_password(password: str) -> None:
+    url = f"postgresql+psycopg://app:{password}@127.0.0.1:1/app?connect_timeout=2"
+    for argv in (["--database-url", url], [url], ["--db-url", url]):
+        code, out, err = run_cli("--days", "30", *argv)
+        assert code in (1, 2)
+        fragments = secret_fragments(password)
+        # The password whole too, once it has letters (':' alone shows up anyway).
+        for fragment in fragments | ({password} if fragments else set()):
+            assert fragment not in out + err, (password, err)
 
 
 def test_cli_reports_a_missing_driver_in_one_line() -> None:

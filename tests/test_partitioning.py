@@ -339,6 +339,10 @@ def test_purge_drops_expired_day_partitions_and_keeps_every_young_claim(
 
 
 def test_two_concurrent_purges_drop_each_partition_once(part_db: Database) -> None:
+    """Two cleanups at once: each expired partition dropped by one of them, every expired
+    claim counted once in the two reports together (a claim in a partition that one run
+    drops while the other deletes its rows in batches, before it is dropped, counted by the
+    run that removed it), and no young claim deleted."""
     now = dt.datetime.now(dt.UTC)
     first_day = today() - START_DAYS_AGO * DAY
     seed(
@@ -354,6 +358,9 @@ def test_two_concurrent_purges_drop_each_partition_once(part_db: Database) -> No
         + [(b"\xf3" + os.urandom(15), now - 40 * DAY) for _ in range(3000)],  # batched, in _keys
     )
     expired = len(all_claims(part_db))
+    young = [(b"\xf4" + os.urandom(15), now - DAY) for _ in range(200)]  # _keys, kept
+    young += [(uuid7_at(now - n * dt.timedelta(minutes=7)).bytes, now - DAY) for n in range(200)]
+    seed(part_db, young)
     engines = [create_engine(part_db.url, pool_size=1, max_overflow=0) for _ in range(2)]
     start = threading.Barrier(2)
     reports: list[CleanupReport] = []
@@ -387,7 +394,7 @@ def test_two_concurrent_purges_drop_each_partition_once(part_db: Database) -> No
         if first_day + (n + 1) * DAY <= cutoff_day
     }
     assert first.deleted + second.deleted == expired
-    assert all_claims(part_db) == {}
+    assert all_claims(part_db) == dict(young)
 
 
 def test_drops_share_a_lock_until_the_hold_budget_is_spent(part_db: Database) -> None:
@@ -437,8 +444,11 @@ def test_a_partition_detached_by_an_interrupted_run_is_dropped_by_the_next(
     assert leftover not in partition_names(part_db)
     assert leftover in inspect(part_db.engine).get_table_names()
 
-    cleanup(part_db.engine, days=DAYS)
+    report = cleanup(part_db.engine, days=DAYS)
 
+    # Its claim was deleted by this run, so the report counts it.
+    assert leftover in report.partitions_dropped
+    assert report.deleted == 1
     tables = set(inspect(part_db.engine).get_table_names())
     assert leftover not in tables
     assert "inbox_message_pnotes" in tables

@@ -64,7 +64,7 @@ def delete_in_batches(
             with engine.begin() as connection:
                 count, newest = step(connection, after)
         except ProgrammingError as exc:
-            if gone_ok and getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
+            if gone_ok and _is_gone(exc):
                 break
             raise
         seconds = time.perf_counter() - began
@@ -83,11 +83,20 @@ def delete_in_batches(
             continue
         if after is None:
             break
-        with engine.connect() as connection:
-            if not _any_expired(connection, table, cutoff):
+        try:
+            with engine.connect() as connection:
+                if not _any_expired(connection, table, cutoff):
+                    break
+        except ProgrammingError as exc:
+            if gone_ok and _is_gone(exc):
                 break
+            raise
         after = None
     return deleted, batches, longest
+
+
+def _is_gone(exc: ProgrammingError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE
 
 
 _Step = Callable[[Connection, "dt.datetime | None"], tuple[int, "dt.datetime | None"]]

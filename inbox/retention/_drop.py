@@ -18,7 +18,7 @@ from inbox.retention._catalog import (
     partition_names,
     sqlstate,
 )
-from inbox.retention._ddl import Ddl
+from inbox.retention._ddl import Ddl, LockTable
 from inbox.retention._layout import (
     DEFAULT_HOLD_SECONDS,
     DEFAULT_LOCK_TIMEOUT,
@@ -65,17 +65,16 @@ def drop_partitions(
     again for the rest. A detached range falls to the DEFAULT partition. Each detached table
     is then dropped in a transaction of its own, which locks out no claim. A lock not
     granted within ``lock_timeout`` seconds ends the dropping (the caller deletes the rest in
-    batches). Day partitions an interrupted run detached are dropped first (see
-    :func:`drop_detached_leftovers`).
+    batches). Day partitions an interrupted run detached are dropped first and listed too
+    (see :func:`drop_detached_leftovers`). Each partition's claims are counted in the
+    transaction that drops it, so concurrent cleanups never count a claim twice.
     """
     inbox_table = partitionable(engine, table)
     if isinstance(hold_seconds, bool) or not isinstance(hold_seconds, int | float):
         raise TypeError("hold_seconds must be a number of seconds")
-    drop_detached_leftovers(engine, inbox_table)
-    counted = _expired_partitions(engine, inbox_table, partitions, cutoff)
-    candidates = dict(counted)
+    dropped = _sweep_leftovers(engine, inbox_table)
+    candidates = dict.fromkeys(_expired_partitions(engine, inbox_table, partitions, cutoff))
 
-    dropped: list[tuple[str, int]] = []
     transactions = 0
     longest = 0.0
 
@@ -120,8 +119,9 @@ def drop_partitions(
         for name in examined:
             del candidates[name]
         for name in done:
-            _drop_detached(engine, inbox_table, name)
-            rows = counted[name]
+            rows = _drop_detached(engine, inbox_table, name)
+            if rows is None:
+                continue  # another cleanup's leftover sweep dropped (and counted) it
             dropped.append((name, rows))
             logger.info(
                 "cleanup: dropped partition %s (%d claims)",
@@ -139,40 +139,66 @@ def drop_detached_leftovers(engine: Engine, table: str | Table = DEFAULT_TABLE_N
     A leftover is a plain table in the inbox table's schema named like a day partition
     (``T_pYYYYMMDD``) that is not a partition: expired claims no claim statement can reach.
     """
-    inbox_table = partitionable(engine, table)
+    return [name for name, _ in _sweep_leftovers(engine, partitionable(engine, table))]
+
+
+def _sweep_leftovers(engine: Engine, table: Table) -> list[tuple[str, int]]:
+    """Drop the detached day partitions of ``table``; (name, claims) of those dropped."""
     with engine.connect() as connection:
-        names = detached_day_tables(connection, inbox_table)
+        names = detached_day_tables(connection, table)
+    swept: list[tuple[str, int]] = []
     for name in names:
-        _drop_detached(engine, inbox_table, name)
-        logger.warning("cleanup: dropped %s, a day partition detached by an earlier run", name)
-    return names
+        rows = _drop_detached(engine, table, name)
+        if rows is None:
+            continue
+        swept.append((name, rows))
+        logger.warning(
+            "cleanup: dropped %s (%d claims), a day partition detached by an earlier run",
+            name,
+            rows,
+            extra={"inbox_deleted": rows},
+        )
+    return swept
 
 
-def _drop_detached(engine: Engine, table: Table, name: str) -> None:
+def _drop_detached(engine: Engine, table: Table, name: str) -> int | None:
+    """Drop the detached partition ``name``; return the claims it held when it went (None:
+    it was gone already).
+
+    The claims are counted under the drop's own lock, not when the partition was chosen:
+    until it is dropped, a concurrent cleanup that listed it as a partition may still delete
+    (and count) its rows in batches.
+    """
+    detached = partition_table(table, name)
     try:
         with engine.begin() as connection:
+            connection.execute(LockTable(detached))
+            rows = int(connection.execute(select(func.count()).select_from(detached)).scalar_one())
             Ddl(connection, table).drop(name)
     except DBAPIError as exc:
         if sqlstate(exc) != UNDEFINED_TABLE:  # a concurrent cleanup's leftover sweep
             raise
+        return None
+    return rows
 
 
 def _expired_partitions(
     engine: Engine, table: Table, partitions: Sequence[str], cutoff: dt.datetime
-) -> dict[str, int]:
-    """Those of ``partitions`` whose claims all precede ``cutoff`` now, with their counts."""
-    expired: dict[str, int] = {}
+) -> list[str]:
+    """Those of ``partitions`` whose claims all precede ``cutoff`` now (read without a lock:
+    the caller checks again under it)."""
+    expired: list[str] = []
     # Autocommit: a partition another cleanup dropped meanwhile fails its own statement only.
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         for name in partitions:
             target = partition_table(table, name)
-            query = select(func.count(), func.max(target.c.processed_at))
+            query = select(func.max(target.c.processed_at))
             try:
-                rows, newest = connection.execute(query).one()
+                newest = connection.execute(query).scalar()
             except DBAPIError as exc:
                 if sqlstate(exc) == UNDEFINED_TABLE:
                     continue
                 raise
             if newest is None or newest < cutoff:
-                expired[name] = int(rows)
+                expired.append(name)
     return expired

@@ -546,6 +546,23 @@ def test_inbox_cleanup_keeps_a_partitioned_table_healthy(part_db: Database) -> N
     assert (out.getvalue(), err.getvalue()) == ("", "")
 
 
+# Regression (issue 15, bug 10): a cutoff before 1970 has no UUIDv7 id, and id_floor's
+# ValueError was reported as a database error (exit 1) on every run.
+def test_a_window_reaching_before_1970_works_as_on_a_plain_table(part_db: Database) -> None:
+    now = dt.datetime.now(dt.UTC)
+    seed(part_db, [(uuid7_at(now - 40 * DAY).bytes, now - 40 * DAY)])
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--days", "36500", "--database-url", part_db.url]
+
+    assert cleanup_main(argv, stdout=out, stderr=err) == 0, err.getvalue()
+
+    assert err.getvalue() == ""
+    assert "deleted 0 claims processed before 19" in out.getvalue()
+    report = cleanup(part_db.engine, days=36500, now=now)
+    assert (report.deleted, report.partitions_dropped) == (0, ())
+    assert len(all_claims(part_db)) == 1
+
+
 def readme_block(marker: str) -> str:
     readme = (ROOT / "docs" / "operations.md").read_text()
     match = re.search(

@@ -13,6 +13,7 @@ __all__ = [
     "date_of",
     "day_name",
     "day_ranges",
+    "first_id_at",
     "id_floor",
     "today",
 ]
@@ -41,6 +42,12 @@ def id_floor(moment: dt.datetime | dt.date) -> bytes:
     if not 0 <= milliseconds < 2**48:
         raise ValueError(f"{moment.isoformat()} is outside the UUIDv7 time range")
     return milliseconds.to_bytes(6, "big") + bytes(10)
+
+
+def first_id_at(moment: dt.datetime) -> bytes:
+    """The lowest id a UUIDv7 minted at or after ``moment`` can have: :func:`id_floor`, or
+    the lowest id of all for a moment before 1970 (no UUIDv7 is older)."""
+    return id_floor(max(moment, _EPOCH))
 
 
 def date_of(bound: bytes) -> dt.date:

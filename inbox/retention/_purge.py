@@ -13,7 +13,7 @@ from sqlalchemy import URL, Engine, Table, create_engine
 from inbox.retention._batches import count_expired, delete_in_batches
 from inbox.retention._catalog import is_partitioned, list_partitions
 from inbox.retention._drop import drop_partitions
-from inbox.retention._ids import id_floor
+from inbox.retention._ids import first_id_at
 from inbox.retention._layout import partition_table
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
 
@@ -104,9 +104,9 @@ def _cleanup_partitioned(
     engine: Engine, table: Table, cutoff: dt.datetime, batch_size: int, started: float
 ) -> CleanupReport:
     partitions = list_partitions(engine, table)
-    expired_ids = id_floor(cutoff)
+    expired_ids = first_id_at(cutoff)
     # Day partitions whose whole id range ends before the cutoff: drop them if their claims
-    # are all expired too.
+    # are all expired too. (None when the cutoff is before 1970.)
     old_days = [
         p.name for p in partitions if p.lower is not None and p.upper and p.upper <= expired_ids
     ]

@@ -16,6 +16,7 @@ the harness starts on this machine and breaks while the workers run.
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import threading
@@ -106,15 +107,18 @@ class ClusterMode:
     # -- faults ------------------------------------------------------------------------
 
     def start_faults(self, rng: random.Random, interval: float, vhost: str, queue: str) -> None:
-        """Inject one cluster fault every ``interval`` seconds (±50 %) until :meth:`stop_faults`."""
+        """Inject one cluster fault every ``interval`` seconds (±50 %) until :meth:`stop_faults`.
+
+        The kinds take turns in a fixed order (the leader's crash first, RabbitMQ and
+        PostgreSQL alternating with ``both``), so even a short run sees each early kind."""
+        rabbit = list(RABBIT_FAULTS) if self.rabbit else []
+        postgres = ["pg_failover"] * (len(rabbit) or 1) if self.postgres else []
+        order = [k for pair in itertools.zip_longest(rabbit, postgres) for k in pair if k]
+        kinds = itertools.cycle(order)
 
         def loop() -> None:
             while not self._stop.wait(rng.uniform(0.5, 1.5) * interval):
-                kinds = [
-                    *(RABBIT_FAULTS if self.rabbit else ()),
-                    *(("pg_failover",) * 2 if self.postgres else ()),
-                ]
-                kind = rng.choice(kinds)
+                kind = next(kinds)
                 try:
                     self._inject(kind, rng, vhost, queue)
                 except Exception as exc:  # reported: the run is then not exact

@@ -371,7 +371,9 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             mode.start_faults(faults_rng, settings.cluster_fault_interval, vhost_name, QUEUE)
         # Asynchronous replication may lose acked commits: the run ends when the queues do.
         may_lose = bool(mode and mode.postgres and not mode.synchronous)
-        quiet_checks = 0
+        # Quorum queues report their depth a few seconds late: trust "empty" only after a while.
+        quiet_needed = 6.0 if mode and mode.rabbit else 3.0 if may_lose else 0.0
+        quiet_since: float | None = None
         poison = {
             op
             for op in range(settings.ops)
@@ -389,10 +391,9 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             if settled:
                 depths = queue_depths(vhost_name, ctl)
                 busy = {q: n for q, n in depths.items() if q != f"{QUEUE}.dlq" and n}
-                quiet_checks = 0 if busy else quiet_checks + 1
-                if quiet_checks >= (8 if may_lose else 1) and depths.get(f"{QUEUE}.dlq", 0) >= len(
-                    poison
-                ):
+                quiet_since = None if busy else quiet_since or now
+                quiet = quiet_since is not None and now - quiet_since >= quiet_needed
+                if quiet and depths.get(f"{QUEUE}.dlq", 0) >= len(poison):
                     break
             if now >= next_fault and not settled:
                 kind = rng.choice(
@@ -418,6 +419,11 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         counts = ledger(engine)
         dead = drain_dead_letters(broker)
         final_depths = queue_depths(vhost_name, ctl)
+        for _ in range(int(quiet_needed * 3)):  # the late depths of quorum queues catch up
+            if not any(final_depths.values()):
+                break
+            time.sleep(1.0)
+            final_depths = queue_depths(vhost_name, ctl)
         cluster_report = mode.report() if mode else None
     from_logs = count_logs(workers.log_files)
     dead_ops = {op for op, _ in dead}

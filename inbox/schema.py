@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
 import uuid
 from typing import Any, Final
@@ -19,12 +20,15 @@ __all__ = [
     "inbox_message",
     "inbox_table",
     "metadata",
+    "processed_at_index_name",
     "resolve_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "inbox_message"
 HANDLER_NAME_MAX_LENGTH: Final = 255
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# PostgreSQL's identifier limit (MySQL/MariaDB allow 64, SQLite has none).
+_MAX_IDENTIFIER_LENGTH: Final = 63
 
 
 class BinaryUUID(TypeDecorator[uuid.UUID]):
@@ -113,9 +117,21 @@ def inbox_table(
         Column("message_id", BinaryUUID(), primary_key=True),
         Column("handler", _handler_name_type(), primary_key=True),
         Column("processed_at", UTCDateTime(), nullable=False),
-        Index(f"ix_{name}_processed_at", "processed_at"),
+        Index(processed_at_index_name(name), "processed_at"),
         schema=schema,
     )
+
+
+def processed_at_index_name(table_name: str) -> str:
+    """The name of the ``processed_at`` index of the inbox table ``table_name``:
+    ``ix_<table>_processed_at``, or, where that would pass 63 characters (PostgreSQL and
+    MySQL/MariaDB refuse longer names), the table name cut short and a digest of it whole."""
+    name = f"ix_{table_name}_processed_at"
+    if len(name) <= _MAX_IDENTIFIER_LENGTH:
+        return name
+    digest = hashlib.sha256(table_name.encode()).hexdigest()[:8]
+    keep = _MAX_IDENTIFIER_LENGTH - len(f"ix___{digest}_processed_at")
+    return f"ix_{table_name[:keep]}_{digest}_processed_at"
 
 
 def resolve_table(table: str | Table) -> Table:

@@ -3,9 +3,11 @@ cleanly, and an application with its own alembic history adds it from an install
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from conftest import Database, effects_metadata
-from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy import Engine, MetaData, create_engine, insert, inspect
 
 from alembic import command
-from inbox.schema import metadata
+from inbox import cleanup
+from inbox.schema import inbox_table, metadata, processed_at_index_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +66,36 @@ def test_upgrade_creates_exactly_the_schema_and_downgrade_removes_it(empty_db: D
 
     assert "inbox_message" not in inspect(empty_db.engine).get_table_names()
     assert diff_against_schema(empty_db.engine) != [], "the comparison can see a difference"
+
+
+# Regression (issue 15, bug 13): the index was always named ix_<table>_processed_at, which for
+# table names over 47 characters passes PostgreSQL's 63-character limit (SQLAlchemy refuses
+# it) and for names over 48 MariaDB's 64 ("Identifier name ... is too long").
+@pytest.mark.parametrize("length", [47, 48, 49, 63])
+def test_a_long_table_name_gets_an_index_name_every_backend_accepts(
+    db: Database, length: int
+) -> None:
+    name = f"t{uuid.uuid4().hex}".ljust(length, "x")
+    table = inbox_table(MetaData(), name)
+    table.create(db.engine)
+    try:
+        [index] = inspect(db.engine).get_indexes(name)
+        assert index["column_names"] == ["processed_at"]
+        assert index["name"] == processed_at_index_name(name)
+        assert len(index["name"]) <= 63
+        if length <= 47:  # short names keep the name they always had
+            assert index["name"] == f"ix_{name}_processed_at"
+        else:  # cut short, and still telling apart names that share their first 38 letters
+            assert index["name"] != processed_at_index_name(name[:-1] + "y")
+        with db.engine.begin() as connection:
+            connection.execute(
+                insert(table).values(
+                    message_id=uuid.uuid4(), handler="h", processed_at=dt.datetime.now(dt.UTC)
+                )
+            )
+        assert cleanup(db.engine, days=1, table=table).deleted == 0
+    finally:
+        table.drop(db.engine)
 
 
 def test_alembic_cli_upgrade_head_from_the_repository(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from sqlalchemy.orm import sessionmaker
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, Worker
+from inbox.broker._idle import delete_queues, run_until_idle
 
 SCENARIO = "S2"
 TITLE = "end to end: RabbitMQ -> inbox worker -> PostgreSQL vs a plain kombu consumer"
@@ -116,9 +117,9 @@ def run_worker(
     worker.prepare()
     try:
         fill(broker, queue, messages)
-        worker.run(idle_timeout=1.0)
+        run_until_idle(worker, 1.0)
     finally:
-        worker.delete_queues()
+        delete_queues(worker)
     if worker.stats.processed != messages or worker.stats.acked != messages:
         raise SystemExit(f"inbox worker processed {worker.stats.processed}/{messages}")
     return clock.rate()

@@ -28,6 +28,7 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, 
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox.broker import Publisher, RetryPolicy, Worker
+from inbox.broker._idle import delete_queues, run_until_idle
 from inbox.core import Inbox
 from inbox.message import IDEMPOTENCY_KEY_HEADER, Message
 from inbox.schema import inbox_table
@@ -148,7 +149,7 @@ def run_demo(
         with Publisher(broker, routing_key=queue) as publisher:
             for message in stream:
                 publisher.publish_message(message)
-        worker.run(idle_timeout=1.0)
+        run_until_idle(worker, 1.0)
         stats = worker.stats
         ledger.deliveries = stats.deliveries
         ledger.handler_runs_committed = stats.processed
@@ -172,7 +173,7 @@ def run_demo(
     finally:
         engine.dispose()
         if worker is not None:
-            worker.delete_queues()
+            delete_queues(worker)
 
 
 def _print_ledger(ledger: Ledger, database: str, broker: str) -> None:

@@ -31,6 +31,7 @@ from conftest import Database, Rabbit, cannot_run, fresh_database
 from helpers import record_effect
 from kombu import Connection
 from sqlalchemy.orm import Session
+from support.worker import run_in_thread, run_until_idle
 from test_broker_crash import (
     TESTS_DIR,
     WorkerProcess,
@@ -102,12 +103,6 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOU
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.02)
-
-
-def run_in_thread(worker: Worker, **kwargs: Any) -> threading.Thread:
-    runner = threading.Thread(target=worker.run, kwargs=kwargs, daemon=True)
-    runner.start()
-    return runner
 
 
 def publish_raw(url: str, queue: str, body: bytes, **properties: Any) -> None:
@@ -194,7 +189,7 @@ def test_a_partial_batch_is_processed_at_once_not_when_it_would_fill(
     assert sorted(ref for batch in calls.batches for ref in batch) == refs
     assert calls.singles == []
     assert worker.stats.acked == 3
-    assert worker.stats.requeued_on_stop == 0
+    assert worker.stats.requeued == 0
 
 
 def test_deliveries_at_hand_form_one_batch_and_invalid_ones_in_it_are_dead_lettered(
@@ -213,7 +208,7 @@ def test_deliveries_at_hand_form_one_batch_and_invalid_ones_in_it_are_dead_lette
         for ref in refs[4:]:
             publisher.publish("op", {"ref": ref})
 
-    worker.run(idle_timeout=0.5)
+    run_until_idle(worker, 0.5)
 
     # The ten deliveries were at hand: one batch, the two invalid ones taken out of it.
     assert calls.batches == [refs]
@@ -221,7 +216,8 @@ def test_deliveries_at_hand_form_one_batch_and_invalid_ones_in_it_are_dead_lette
     dead = take_memory(f"{queue}.dlq", 2)
     assert sorted(m.headers[h.REASON] for m in dead) == ["invalid-message-id", "missing-message-id"]
     stats = worker.stats
-    assert (stats.deliveries, stats.acked, stats.processed, stats.dead_lettered) == (10, 8, 8, 2)
+    # Every delivery left the queue acked: eight after their commit, two after their dead letter.
+    assert (stats.deliveries, stats.acked, stats.processed, stats.dead_lettered) == (10, 10, 8, 2)
 
 
 def test_stop_finishes_the_batch_in_flight_and_requeues_the_pending_one(
@@ -251,11 +247,11 @@ def test_stop_finishes_the_batch_in_flight_and_requeues_the_pending_one(
     assert calls.batches == [refs[:5]]
     assert effects_once(sqlite_db, refs[:5])
     stats = worker.stats
-    assert (stats.acked, stats.processed, stats.requeued_on_stop) == (5, 5, 1), stats.summary()
+    assert (stats.acked, stats.processed, stats.requeued) == (5, 5, 1), stats.summary()
 
     first.clear()
     second = Worker(inbox, "memory://", [queue], prefetch=10, batch_size=5, retry=QUICK)
-    second.run(idle_timeout=0.5)
+    run_until_idle(second, 0.5)
 
     assert effects_once(sqlite_db, refs)
     # The requeued s5 was not processed before: the second worker runs it, no duplicate.
@@ -305,7 +301,7 @@ def test_duplicates_poison_and_retries_in_batches_on_rabbitmq(
         for ref, message_id in odd_copies:  # the copies far behind: in later batches
             publisher.publish("op", {"ref": ref}, message_id=message_id)
 
-    worker.run(idle_timeout=IDLE)
+    run_until_idle(worker, IDLE)
 
     assert effects_once(pg_db, [*refs, "flaky"])
     assert set(flaky_tries) == {0, 1, 2}
@@ -327,7 +323,8 @@ def test_duplicates_poison_and_retries_in_batches_on_rabbitmq(
     stats = worker.stats
     assert stats.processed == 301, stats.summary()
     assert stats.duplicates == 300, stats.summary()
-    assert stats.acked == 601, stats.summary()  # every copy, and flaky's third try
+    # Every delivery is acked: each copy, flaky's third try, and each retried or dead one.
+    assert stats.acked == stats.deliveries == 601 + 8 + 3, stats.summary()
     assert stats.failed_tries == 3 * 3 + 2, stats.summary()
     assert stats.retried == 3 * 2 + 2, stats.summary()
     assert stats.dead_letter_reasons == Counter({"handler-failed": 3})
@@ -384,7 +381,7 @@ def test_invalid_deliveries_in_the_middle_of_a_batch_on_rabbitmq(
     assert sorted(m.headers[h.REASON] for m in dead) == ["invalid-message-id", "missing-message-id"]
     assert rabbit.depth(queue) == 0
     stats = worker.stats
-    assert (stats.deliveries, stats.acked, stats.dead_lettered) == (11, 9, 2), stats.summary()
+    assert (stats.deliveries, stats.acked, stats.dead_lettered) == (11, 11, 2), stats.summary()
 
 
 # --- a worker process killed between a batch's commit and its acks --------------------------
@@ -610,7 +607,10 @@ def test_inbox_worker_runs_with_a_batch_size_alone_and_stops_on_sigterm(app_dir:
         process = subprocess.Popen(
             [*worker_command(), *ARGS, "--batch-size", "50"],
             cwd=app_dir,
-            env={**os.environ, "PYTHONPATH": str(app_dir)},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(app_dir), os.environ.get("PYTHONPATH", "")]),
+            },
             stdin=subprocess.DEVNULL,
             stdout=stderr,
             stderr=stderr,

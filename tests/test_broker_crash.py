@@ -43,9 +43,9 @@ MAX_TRIES: Final = "5"
 TIMEOUT: Final = 25.0  # seconds any one wait may take before the test fails
 STATS_LINE: Final = re.compile(
     r"worker stopped: deliveries=(?P<deliveries>\d+) acked=(?P<acked>\d+) "
-    r"processed=(?P<processed>\d+) duplicates=(?P<duplicates>\d+) "
     r"failed_tries=(?P<failed_tries>\d+) retried=(?P<retried>\d+) "
-    r"dead_lettered=(?P<dead_lettered>\d+).* requeued_on_stop=(?P<requeued_on_stop>\d+)"
+    r"dead_lettered=(?P<dead_lettered>\d+).* requeued=(?P<requeued>\d+); "
+    r"handler runs: processed=(?P<processed>\d+) duplicates=(?P<duplicates>\d+)"
 )
 _APP_ENV: Final = (
     "BROKER_APP_SLOW",

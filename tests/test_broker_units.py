@@ -113,7 +113,13 @@ def test_topology_names_and_arguments() -> None:
     topology = QueueTopology("orders", QueueType.QUORUM, RetryPolicy((1, 5), max_tries=4))
     queues = {q.name: q.queue_arguments for q in topology.queues()}
     assert list(queues) == ["orders", "orders.retry.1000ms", "orders.retry.5000ms", "orders.dlq"]
-    assert queues["orders"] == {"x-queue-type": "quorum"}
+    # What RabbitMQ drops from the consumed quorum queue (past a delivery limit) is
+    # dead-lettered to orders.dlq, not lost.
+    assert queues["orders"] == {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "orders.dlq",
+    }
     assert queues["orders.retry.5000ms"] == {
         "x-queue-type": "quorum",
         "x-message-ttl": 5000,

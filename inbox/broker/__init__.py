@@ -1,13 +1,17 @@
 """The broker edge: a kombu worker that feeds deliveries to ``Inbox.process`` and acks after
 commit, its retry and dead-letter policy, and a publisher that stamps UUIDv7 ids."""
 
-from inbox.broker.codec import InvalidReason
+import warnings
+
+from inbox.broker._policy import DeadLetterReason
+from inbox.broker.errors import PublishError
 from inbox.broker.publisher import Publisher
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.broker.worker import Worker, WorkerStats, install_signal_handlers
 
 __all__ = [
-    "InvalidReason",
+    "DeadLetterReason",
+    "PublishError",
     "Publisher",
     "QueueTopology",
     "QueueType",
@@ -16,3 +20,14 @@ __all__ = [
     "WorkerStats",
     "install_signal_handlers",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "InvalidReason":
+        warnings.warn(
+            "inbox.broker.InvalidReason is deprecated: it is DeadLetterReason now",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DeadLetterReason
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,10 +17,11 @@ from typing import TextIO
 
 from kombu.connection import Connection
 
+from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
 from inbox.broker.connection import safe_uri
 from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
-from inbox.broker.worker import Worker, install_signal_handlers
+from inbox.broker.worker import Worker
 from inbox.cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,

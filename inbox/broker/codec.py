@@ -9,24 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 JSON: Final = "application/json"
-TEXT: Final = "text/plain"
 BINARY: Final = "application/octet-stream"
-
-
-class InvalidReason(StrEnum):
-    """Why a delivery was dead-lettered without reaching a handler, or after its last try."""
-
-    MISSING_ID = "missing-message-id"
-    INVALID_ID = "invalid-message-id"
-    UNDECODABLE_BODY = "undecodable-body"
-    INVALID_MESSAGE = "invalid-message"
-    UNHANDLED_TYPE = "unhandled-type"
-    INVALID_KEY = "invalid-key"
-    HANDLER_FAILED = "handler-failed"
 
 
 class UndecodableBody(ValueError):
@@ -113,3 +99,18 @@ def _charset(params: str, content_encoding: str | None) -> str:
     if content_encoding and content_encoding.lower() not in ("binary", "8bit", "7bit"):
         return content_encoding
     return "utf-8"
+
+
+def __getattr__(name: str) -> object:
+    if name == "InvalidReason":  # its home before it was named for what it is
+        import warnings
+
+        from inbox.broker._policy import DeadLetterReason
+
+        warnings.warn(
+            "inbox.broker.codec.InvalidReason is deprecated: use inbox.broker.DeadLetterReason",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DeadLetterReason
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

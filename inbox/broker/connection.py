@@ -1,10 +1,28 @@
-"""Broker connections with publisher confirms, and URLs safe to print."""
+"""Broker connections: for consuming, with publisher confirms, and URLs safe to print."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kombu.connection import Connection
+
+from inbox.broker._frames import tolerant_frame_handler
+
+
+def consuming_connection(broker: str | Connection) -> Connection:
+    """A clone of ``broker`` whose AMQP frames are read by the tolerant frame reader."""
+    if isinstance(broker, str):
+        if not broker.strip():
+            raise ValueError("the broker URL is empty")
+        broker = Connection(broker)
+    elif not isinstance(broker, Connection):
+        raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
+    options: dict[str, Any] = dict(broker.transport_options or {})
+    options.pop("confirm_publish", None)  # the forwarder tracks each copy's confirm itself
+    if broker.transport.driver_type == "amqp":
+        options["frame_handler"] = tolerant_frame_handler
+    connection: Connection = broker.clone(transport_options=options)
+    return connection
 
 
 def confirming_connection(broker: str | Connection) -> Connection:

@@ -16,21 +16,33 @@ queue expires messages only at its head, so mixed delays in one queue would hold
 delays behind long ones. Nothing waits inside the worker, so a backoff never blocks other
 messages. Quorum retry queues dead-letter with the at-least-once strategy so that a retry
 is never dropped on its way back.
+
+A quorum ``orders`` is declared with ``x-dead-letter-exchange ""`` and
+``x-dead-letter-routing-key orders.dlq``: what RabbitMQ drops from it (past a
+``delivery-limit``) lands in ``orders.dlq`` with RabbitMQ's ``x-death`` headers. RabbitMQ
+refuses to redeclare an existing queue with other arguments (``PRECONDITION_FAILED``), so a
+quorum queue declared by an older version is kept as it is, checked passively, and a warning
+names the policy that gives it the same dead-lettering (see ``docs/worker.md``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
 DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
 DEFAULT_MAX_TRIES: Final = 4
 _MAX_QUEUE_NAME_BYTES: Final = 255
+_PRECONDITION_FAILED: Final = 406
+
+logger = logging.getLogger("inbox.worker")
 
 
 class QueueType(StrEnum):
@@ -133,8 +145,15 @@ class QueueTopology:
         yield self._queue(self.dead_letter_queue, {})
 
     def consumed_queue(self) -> Queue:
-        """The kombu queue the worker consumes from."""
-        return self._queue(self.name, {})
+        """The kombu queue the worker consumes from (a quorum one dead-letters what RabbitMQ
+        drops from it, past a delivery limit, to the dead-letter queue)."""
+        if self.queue_type is not QueueType.QUORUM:
+            return self._queue(self.name, {})
+        arguments = {
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.dead_letter_queue,
+        }
+        return self._queue(self.name, arguments)
 
     def _queue(self, name: str, arguments: dict[str, Any]) -> Queue:
         if self.queue_type is QueueType.QUORUM:
@@ -147,3 +166,44 @@ class QueueTopology:
             auto_delete=False,
             queue_arguments=arguments or None,
         )
+
+
+def declare_topology(connection: Connection, topology: QueueTopology, *, passive: bool) -> None:
+    """Declare every queue of ``topology`` (or, with ``passive``, check that it exists) on
+    channels of its own: a refused declaration closes the channel it was made on.
+
+    A consumed queue that exists with other arguments (declared by an older version) is
+    kept as it is and checked passively, with a warning; any other refusal is raised.
+    """
+    channel = connection.channel()
+    try:
+        for queue in topology.queues():
+            if passive:
+                queue(channel).queue_declare(passive=True)
+                continue
+            try:
+                queue(channel).declare()
+            except connection.channel_errors as exc:
+                if queue.name != topology.name or _reply_code(exc) != _PRECONDITION_FAILED:
+                    raise
+                channel = connection.channel()  # the refusal closed the other one
+                queue(channel).queue_declare(passive=True)
+                logger.warning(
+                    "queue %s exists with other arguments than this version declares (%s); "
+                    "kept as it is. To dead-letter what RabbitMQ drops from it, apply a "
+                    "policy: rabbitmqctl set_policy %s-dlx '^%s$' "
+                    '\'{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}\' '
+                    "--apply-to queues",
+                    queue.name,
+                    exc,
+                    queue.name,
+                    queue.name.replace(".", "\\."),
+                    topology.dead_letter_queue,
+                )
+    finally:
+        channel.close()
+
+
+def _reply_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "reply_code", None) or getattr(exc, "code", None)
+    return code if isinstance(code, int) else None

@@ -1,0 +1,307 @@
+"""Retry and dead-letter copies: published with confirms, the original acked only after.
+
+A copy of a delivery goes to its target queue (a retry queue, the ``.dlq``, or the consumed
+queue itself on transports without TTL queues); once the broker confirmed it, the original is
+acked. The message is in one queue or the other at every moment; a crash in between leaves
+two copies with one id, which the inbox deduplicates. A copy the broker refuses leaves the
+original unacked and is held, to be tried again after a backoff.
+
+One copy is in flight at a time, and each confirm is matched to its publish by its delivery
+tag: a confirm is never credited to the wrong copy (that would ack a message whose copy was
+refused). The worker guarantees the one-at-a-time part by never calling in re-entrantly.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kombu.message import Message as Delivery
+
+from inbox.broker import headers as h
+from inbox.broker._frames import RAW_PROPERTIES, UNREADABLE
+from inbox.broker._inbound import body_bytes, sent_headers
+from inbox.broker._policy import DeadLetterReason
+from inbox.broker._stats import WorkerStats
+
+__all__ = ["Forwarder", "Refused"]
+
+logger = logging.getLogger("inbox.worker")
+
+# Properties a copy carries over. user_id would be refused by RabbitMQ when the worker's user
+# differs from the producer's; expiration must not follow a message into the dead letters.
+_KEPT_PROPERTIES: Final = (
+    "message_id",
+    "type",
+    "correlation_id",
+    "reply_to",
+    "timestamp",
+    "app_id",
+)
+# Headers a copy too large to send keeps: the bookkeeping and what decodes the body.
+_TRIMMED_KEEPS: Final = (
+    h.TRIES,
+    h.FIRST_FAILURE,
+    h.LAST_FAILURE,
+    h.ERROR,
+    h.FAILED_HANDLERS,
+    "compression",
+)
+_PERSISTENT: Final = 2
+_FRAME_OVERHEAD: Final = 8 + 12  # frame envelope, then class id, weight and body size
+
+
+class Refused(Exception):
+    """The broker did not take a copy (nacked, returned unroutable, or not confirmed)."""
+
+
+@dataclass(order=True)
+class _Held:
+    due: float
+    sequence: int
+    delivery: Delivery = field(compare=False)
+    target: str = field(compare=False)
+    dead_letters: str = field(compare=False)
+    headers: dict[str, Any] = field(compare=False)
+    refusals: int = field(default=0, compare=False)
+
+
+class Forwarder:
+    """Publishes copies on one channel, acks originals, holds what waits or was refused.
+
+    ``confirms`` is True on RabbitMQ: every copy is published ``mandatory`` and waits for its
+    own confirm (at most ``confirm_timeout`` seconds). Other transports take copies as sent.
+    """
+
+    def __init__(self, stats: WorkerStats, *, confirms: bool, confirm_timeout: float = 30.0):
+        self.stats = stats
+        self.confirms = confirms
+        self.confirm_timeout = confirm_timeout
+        self._connection: Any = None
+        self._channel: Any = None
+        self._held: list[_Held] = []
+        self._sequence = itertools.count()
+        self._tag = 0
+        self._awaiting = 0
+        self._verdict: bool | None = None
+        self._returned: list[str] = []
+
+    @property
+    def holding(self) -> int:
+        """Deliveries held unacked by the worker (waiting for their delay, or refused)."""
+        return len(self._held)
+
+    def attach(self, connection: Any, channel: Any) -> None:
+        """Publish on ``channel`` of ``connection`` from now on (after a (re)connection)."""
+        self._connection, self._channel = connection, channel
+        self._tag, self._awaiting, self._verdict = 0, 0, None
+        if self.confirms:
+            channel.confirm_select()
+            channel.events["basic_ack"].add(self._on_ack)
+            channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
+
+    def detach(self) -> None:
+        """Forget the channel and every held delivery (they can no longer be acked; the
+        broker gives them back)."""
+        self._connection = self._channel = None
+        self._held.clear()
+
+    def forward(
+        self, delivery: Delivery, target: str, dead_letters: str, headers: Mapping[str, Any]
+    ) -> None:
+        """Copy ``delivery`` with ``headers`` added to ``target``, then ack it; a refused copy
+        is held and tried again later. A copy too large for the broker's frame goes to
+        ``dead_letters`` instead, its own headers trimmed."""
+        self._forward(delivery, target, dead_letters, dict(headers), 0)
+
+    def hold(
+        self,
+        delivery: Delivery,
+        target: str,
+        dead_letters: str,
+        headers: Mapping[str, Any],
+        seconds: float,
+        *,
+        refusals: int = 0,
+    ) -> None:
+        """Keep ``delivery`` unacked and forward it after ``seconds``."""
+        due = time.monotonic() + seconds
+        item = _Held(
+            due, next(self._sequence), delivery, target, dead_letters, dict(headers), refusals
+        )
+        heapq.heappush(self._held, item)
+
+    def release_due(self) -> None:
+        """Forward every held delivery whose time has come."""
+        now = time.monotonic()
+        while self._held and self._held[0].due <= now:
+            item = heapq.heappop(self._held)
+            self._forward(
+                item.delivery, item.target, item.dead_letters, item.headers, item.refusals
+            )
+
+    def flush(self) -> None:
+        """On a clean stop: forward every held delivery now, or give it back to the broker."""
+        held, self._held = self._held, []
+        for item in held:
+            try:
+                self._send(item.delivery, item.target, item.dead_letters, item.headers)
+            except Refused:
+                item.delivery.requeue()
+                self.stats.requeued += 1
+            else:
+                self._ack(item.delivery)
+
+    def _forward(
+        self,
+        delivery: Delivery,
+        target: str,
+        dead_letters: str,
+        headers: dict[str, Any],
+        refusals: int,
+    ) -> None:
+        try:
+            self._send(delivery, target, dead_letters, headers)
+        except Refused as refused:
+            wait = min(30.0, 2.0**refusals)
+            logger.error(
+                "message %s: the broker refused its copy for %s (%s); kept unacked, "
+                "next attempt in %g s",
+                (delivery.properties or {}).get("message_id"),
+                target,
+                refused,
+                wait,
+            )
+            self.hold(delivery, target, dead_letters, headers, wait, refusals=refusals + 1)
+            return
+        self._ack(delivery)
+
+    def _ack(self, delivery: Delivery) -> None:
+        delivery.ack()
+        self.stats.acked += 1
+
+    def _send(
+        self, delivery: Delivery, target: str, dead_letters: str, extra: dict[str, Any]
+    ) -> None:
+        prepared = self._prepare(delivery, extra, trimmed=False)
+        if self.confirms and not self._fits(prepared):
+            logger.error(
+                "message %s: its copy for %s does not fit in one frame; dead-lettered to %s "
+                "with its own headers trimmed",
+                (delivery.properties or {}).get("message_id"),
+                target,
+                dead_letters,
+            )
+            prepared = self._prepare(delivery, _too_large(delivery, extra), trimmed=True)
+            if target != dead_letters:
+                self.stats.dead_lettered += 1
+            self.stats.dead_letter_reasons[str(DeadLetterReason.COPY_TOO_LARGE)] += 1
+            target = dead_letters
+        if not self.confirms:
+            self._channel.basic_publish(prepared, exchange="", routing_key=target)
+            return
+        if self._awaiting:
+            raise RuntimeError("a copy was published while another waited for its confirm")
+        self._tag += 1  # the channel numbers its publishes 1, 2, ... once in confirm mode
+        self._awaiting, self._verdict = self._tag, None
+        self._returned.clear()
+        try:
+            try:
+                self._channel.basic_publish(
+                    prepared, exchange="", routing_key=target, mandatory=True
+                )
+            except BaseException:
+                self._tag -= 1  # not numbered if it never left; a broken connection resets it
+                raise
+            confirmed = self._await_confirm()
+        finally:
+            self._awaiting = 0
+        # RabbitMQ sends basic.return before the confirm of the same publish, and only this
+        # publish is in flight: a return seen now is this copy's.
+        if self._returned:
+            raise Refused(self._returned[0])
+        if not confirmed:
+            raise Refused("nacked by the broker")
+
+    def _await_confirm(self) -> bool:
+        deadline = time.monotonic() + self.confirm_timeout
+        while self._verdict is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # The connection is out of step: reconnecting gives every unacked delivery back.
+                raise TimeoutError(f"no publisher confirm within {self.confirm_timeout:g} s")
+            try:
+                self._connection.drain_events(timeout=min(remaining, 1.0))
+            except TimeoutError:  # socket.timeout: nothing arrived yet
+                continue
+        return self._verdict
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, confirmed=True)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self._settle(delivery_tag, multiple, confirmed=False)
+
+    def _settle(self, delivery_tag: int, multiple: bool, *, confirmed: bool) -> None:
+        awaiting = self._awaiting
+        if awaiting and (delivery_tag == awaiting or (multiple and delivery_tag > awaiting)):
+            self._verdict = confirmed
+        # Anything else settles a publish nobody waits for any more: never credit it here.
+
+    def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
+        self._returned.append(f"no queue {routing_key!r}: {exc}")
+
+    def _prepare(self, delivery: Delivery, extra: Mapping[str, Any], *, trimmed: bool) -> Any:
+        properties = delivery.properties or {}
+        kept = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
+        kept["delivery_mode"] = _PERSISTENT
+        if trimmed:
+            headers = dict(extra)
+        elif self.confirms:
+            headers = sent_headers(delivery) | dict(extra)  # the body goes out as it came
+        else:
+            # kombu decompressed the body on receipt: the copy goes out uncompressed.
+            headers = {k: v for k, v in sent_headers(delivery).items() if k != "compression"}
+            headers |= dict(extra)
+        if UNREADABLE in properties:
+            raw = base64.b64encode(properties[RAW_PROPERTIES]).decode("ascii")
+            headers[RAW_PROPERTIES] = raw
+        return self._channel.prepare_message(
+            body_bytes(delivery),
+            properties.get("priority"),
+            delivery.content_type,
+            delivery.content_encoding,
+            headers,
+            kept,
+        )
+
+    def _fits(self, prepared: Any) -> bool:
+        frame_max = getattr(self._connection.connection, "frame_max", None)
+        if not frame_max:
+            return True
+        return bool(len(prepared._serialize_properties()) + _FRAME_OVERHEAD <= frame_max)
+
+
+def _too_large(delivery: Delivery, extra: Mapping[str, Any]) -> dict[str, Any]:
+    dropped = sorted(set(sent_headers(delivery)) | set(extra))
+    headers = {k: v for k, v in extra.items() if k in _TRIMMED_KEEPS}
+    headers[h.REASON] = str(DeadLetterReason.COPY_TOO_LARGE)
+    headers[h.DEAD_LETTERED_AT] = h.now_utc()
+    headers[h.ERROR] = h.truncate(
+        f"the copy did not fit in one AMQP frame; headers dropped: {', '.join(dropped)}"
+        + (f"; it was for: {extra[h.REASON]}" if h.REASON in extra else "")
+        + (f"; latest failure: {extra[h.ERROR]}" if h.ERROR in extra else "")
+    )
+    if "compression" in sent_headers(delivery):
+        headers["compression"] = sent_headers(delivery)["compression"]
+    source = extra.get(h.SOURCE_QUEUE)
+    if source is not None:
+        headers[h.SOURCE_QUEUE] = source
+    return headers

@@ -8,9 +8,9 @@ application database never touches the application's own ``alembic_version``.
 import os
 from logging.config import fileConfig
 
-from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import create_engine, pool
 
+from alembic import context
 from inbox.schema import metadata
 
 DEFAULT_URL = "sqlite:///inbox.db"
@@ -20,6 +20,7 @@ config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
+# A str or a sqlalchemy URL object: passed on as it is (str() of a URL masks its password).
 url = config.attributes.get("url") or os.environ.get("INBOX_DATABASE_URL") or DEFAULT_URL
 target_metadata = metadata
 
@@ -41,9 +42,7 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    connectable = engine_from_config(
-        {"sqlalchemy.url": str(url)}, prefix="sqlalchemy.", poolclass=pool.NullPool
-    )
+    connectable = create_engine(url, poolclass=pool.NullPool)
     with connectable.connect() as connection:
         context.configure(
             connection=connection,

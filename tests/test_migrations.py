@@ -15,7 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from conftest import Database, effects_metadata
-from sqlalchemy import Engine, MetaData, create_engine, insert, inspect
+from sqlalchemy import URL, Engine, MetaData, create_engine, insert, inspect, make_url, text
 
 from alembic import command
 from inbox import cleanup
@@ -24,7 +24,7 @@ from inbox.schema import inbox_table, metadata, processed_at_index_name
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def repo_config(url: str) -> Config:
+def repo_config(url: str | URL) -> Config:
     config = Config(str(ROOT / "alembic.ini"))
     config.attributes["url"] = url
     config.attributes["configure_logger"] = False
@@ -96,6 +96,29 @@ def test_a_long_table_name_gets_an_index_name_every_backend_accepts(
         assert cleanup(db.engine, days=1, table=table).deleted == 0
     finally:
         table.drop(db.engine)
+
+
+# Regression (issue 15, bug 13): alembic/env.py connected with str(url), and str() of a
+# SQLAlchemy URL object masks its password as "***": a URL object given as the config's
+# "url" attribute failed to log in. MariaDB, because the suite's PostgreSQL trusts every
+# password.
+def test_the_repository_env_keeps_the_password_of_a_url_object(
+    mariadb_db: Database, admin_engines: dict[str, Engine]
+) -> None:
+    metadata.drop_all(mariadb_db.engine)
+    effects_metadata.drop_all(mariadb_db.engine)
+    url = make_url(mariadb_db.url)
+    user, password = f"u_{uuid.uuid4().hex[:12]}", f"pw-{uuid.uuid4().hex}"
+    admin = admin_engines["mariadb"]
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'"))
+        connection.execute(text(f"GRANT ALL ON `{url.database}`.* TO '{user}'@'%'"))
+    try:
+        command.upgrade(repo_config(url.set(username=user, password=password)), "head")
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f"DROP USER '{user}'@'%'"))
+    assert "inbox_message" in inspect(mariadb_db.engine).get_table_names()
 
 
 def test_alembic_cli_upgrade_head_from_the_repository(tmp_path: Path) -> None:
@@ -255,3 +278,177 @@ def test_app_with_its_own_history_adds_the_inbox_revisions_from_the_wheel(
         engine.dispose()
     assert "inbox_message" not in tables
     assert "orders" in tables
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new virtual environment with the package installed from its built wheel (console
+    scripts included); its other dependencies come from the suite's environment."""
+    build = tmp_path_factory.mktemp("recipe-wheel")
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(build), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = build.glob("inbox-*.whl")
+    venv = tmp_path_factory.mktemp("recipe-venv")
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
+    )
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # SQLAlchemy, alembic and the drivers from the suite's environment; `inbox` only from
+    # the wheel (a path in a .pth file does not run the editable install's own .pth).
+    suite_site = next(p for p in sys.path if p.endswith("site-packages"))
+    (Path(site) / "suite_dependencies.pth").write_text(suite_site + "\n")
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return venv
+
+
+RECIPE_MODELS = """
+from sqlalchemy import Column, Integer, MetaData, Table
+
+metadata = MetaData()
+Table("orders", metadata, Column("id", Integer, primary_key=True))
+"""
+
+# What docs/migrations.md tells the user to change in the env.py `alembic init` wrote.
+RECIPE_ENV_IMPORTS = """
+import inbox.schema
+from inbox.migrations import app_revisions
+
+import app_models
+
+target_metadata = [app_models.metadata, inbox.schema.metadata]
+"""
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path.name} has no {old!r}: did alembic init change?"
+    path.write_text(text.replace(old, new))
+
+
+@pytest.mark.parametrize("route", ["helper", "flags"])
+def test_the_documented_recipe_in_a_fresh_alembic_init_folder(
+    fresh_venv: Path, pg_db: Database, tmp_path: Path, route: str
+) -> None:
+    """The recipe of docs/migrations.md, followed from an installed wheel in a folder made by
+    `alembic init`, against PostgreSQL, both ways it documents: with the app_revisions
+    helper in env.py (which refuses the misconfigured ini with the fix in its message), or
+    with the --head/--branch-label/--version-path flags. Upgrade creates the inbox table,
+    the first app revision starts the app's own branch in the app's folder, and later
+    revisions (autogenerated or not) chain on it; nothing lands in the installed package."""
+    metadata.drop_all(pg_db.engine)
+    effects_metadata.drop_all(pg_db.engine)
+    app = tmp_path / "app"
+    app.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def alembic(*args: str, ok: bool = True) -> str:
+        done = subprocess.run(
+            [str(fresh_venv / "bin" / "python"), "-m", "alembic", *args],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        output = done.stdout + done.stderr
+        assert (done.returncode == 0) == ok, output
+        return output
+
+    alembic("init", "migrations")
+    ini, env_py = app / "alembic.ini", app / "migrations" / "env.py"
+    url = pg_db.url.replace("%", "%%")  # configparser interpolation
+    edit(ini, "sqlalchemy.url = driver://user:pass@localhost/dbname", f"sqlalchemy.url = {url}")
+    edit(
+        ini,
+        "# version_locations = %(here)s/bar:%(here)s/bat:%(here)s/alembic/versions",
+        "version_locations = %(here)s/migrations/versions inbox:migrations/versions",
+    )
+    (app / "app_models.py").write_text(RECIPE_MODELS)
+    edit(env_py, "target_metadata = None", RECIPE_ENV_IMPORTS)
+    first_flags: tuple[str, ...] = ()
+    later_flags: tuple[str, ...] = ()
+    if route == "helper":
+        edit(
+            env_py,
+            "connection=connection, target_metadata=target_metadata",
+            "connection=connection, target_metadata=target_metadata, "
+            "process_revision_directives=app_revisions(config)",
+        )
+        # alembic init's `path_separator = os` splits inbox:migrations/versions at its colon.
+        assert "path_separator = space" in alembic("upgrade", "heads", ok=False)
+        edit(ini, "path_separator = os", "path_separator = space")
+        assert "revision_environment must be true" in alembic("upgrade", "heads", ok=False)
+        edit(ini, "# revision_environment = false", "revision_environment = true")
+    else:
+        # Without the helper, the same trap is silent: no inbox revision is found at all.
+        assert "(inbox)" not in alembic("heads")
+        edit(ini, "path_separator = os", "path_separator = space")
+        first_flags = ("--head", "base", "--branch-label", "app")
+        first_flags += ("--version-path", "migrations/versions")
+        later_flags = ("--head", "app@head")
+
+    assert "(inbox)" in alembic("heads")
+    alembic("upgrade", "heads")
+    assert "inbox_message" in inspect(pg_db.engine).get_table_names()
+
+    versions = app / "migrations" / "versions"
+    if route == "helper":  # without the inbox metadata, autogenerate would drop its table
+        complete = "target_metadata = [app_models.metadata, inbox.schema.metadata]"
+        edit(env_py, complete, "target_metadata = [app_models.metadata]")
+        refused = alembic("revision", "--autogenerate", "-m", "orders", ok=False)
+        assert "add inbox.schema.metadata to target_metadata" in refused
+        assert not list(versions.glob("*.py"))
+        edit(env_py, "target_metadata = [app_models.metadata]", complete)
+    alembic("revision", "--autogenerate", "-m", "orders", *first_flags)
+    [first] = versions.glob("*_orders.py")
+    text = first.read_text()
+    assert "branch_labels: Union[str, Sequence[str], None] = ('app',)" in text
+    assert "down_revision: Union[str, Sequence[str], None] = None" in text
+    assert "op.create_table('orders'" in text
+    assert "inbox_message" not in text
+    alembic("upgrade", "heads")
+
+    (app / "app_models.py").write_text(
+        RECIPE_MODELS + 'Table("customers", metadata, Column("id", Integer, primary_key=True))\n'
+    )
+    alembic("revision", "--autogenerate", "-m", "customers", *later_flags)
+    [second] = versions.glob("*_customers.py")
+    first_id = first.name.split("_")[0]
+    assert f"down_revision: Union[str, Sequence[str], None] = '{first_id}'" in second.read_text()
+    alembic("revision", "-m", "by hand", *later_flags)  # not autogenerated: placed all the same
+    [third] = versions.glob("*_by_hand.py")
+    second_id = second.name.split("_")[0]
+    assert f"= '{second_id}'" in third.read_text()
+    alembic("upgrade", "heads")
+    alembic("check")
+
+    tables = set(inspect(pg_db.engine).get_table_names())
+    assert {"inbox_message", "orders", "customers", "alembic_version"} <= tables
+    assert diff_against_schema(pg_db.engine) == []
+    installed = fresh_venv.glob("lib/python*/site-packages/inbox/migrations/versions/*.py")
+    assert [p.name for p in installed] == ["5c1f0e2a9b3d_create_inbox_message.py"]
+    cleanup_script = fresh_venv / "bin" / "inbox-cleanup"
+    done = subprocess.run(
+        [str(cleanup_script), "--days", "30", "--database-url", pg_db.url],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "deleted 0 claims" in done.stdout

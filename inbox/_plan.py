@@ -21,7 +21,14 @@ from inbox.errors import (
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult, Unhandled
 
-__all__ = ["CONFIGURATION_ERRORS", "Planned", "Settlement", "plan", "require_messages"]
+__all__ = [
+    "CONFIGURATION_ERRORS",
+    "Planned",
+    "Settlement",
+    "describe",
+    "plan",
+    "require_messages",
+]
 
 logger = logging.getLogger("inbox.core")
 
@@ -67,6 +74,11 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
         logger.info("message %s of type %r ignored: no handler", message.id, message.type)
         return ProcessResult(message.id, {})
     return Planned(message, handlers, [handler.claim_key(message) for handler in handlers])
+
+
+def describe(handler: RegisteredHandler, message: Message) -> str:
+    """Name one handler's run on one message, for the log line of a retry."""
+    return f"handler {handler.name} on message {message.id}"
 
 
 @dataclass(slots=True)

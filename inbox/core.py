@@ -10,32 +10,23 @@ from sqlalchemy import Table
 from sqlalchemy.orm import Session
 
 from inbox._batch import BatchProcessor
-from inbox._claim import Claims
-from inbox._commit_guard import Guards, transaction_guards
-from inbox._handlers import (
-    HandlerFunc,
-    KeyFunc,
-    RegisteredHandler,
-    Registry,
-    default_name,
-    refuse_async,
-    validate_name,
-)
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, plan, require_messages
-from inbox._retry import Backoff, run_with_retries
+from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
+from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, plan, require_messages
+from inbox._registration import InboxBase
+from inbox._retry import run_with_retries
 from inbox._session_checks import check_session_factory
 from inbox._transaction import HandlerTransaction
-from inbox.errors import InboxError, RegistrationError
+from inbox.errors import InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.schema import DEFAULT_TABLE_NAME
 
 __all__ = ["Inbox"]
 
 H = TypeVar("H", bound=HandlerFunc)
 
 
-class Inbox:
+class Inbox(InboxBase[Session]):
     """A transactional inbox: register handlers, then ``process()`` each delivered message.
 
     ``session_factory`` makes a new :class:`~sqlalchemy.orm.Session` per handler transaction
@@ -46,6 +37,8 @@ class Inbox:
     lock timeout or lost connection is re-run before the error is reported.
     """
 
+    _EXAMPLE_FACTORY = "sqlalchemy.orm.sessionmaker(engine)"
+
     def __init__(
         self,
         session_factory: Callable[[], Session],
@@ -54,35 +47,16 @@ class Inbox:
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
     ) -> None:
-        if not callable(session_factory):
-            raise TypeError(
-                "session_factory must be callable (e.g. sqlalchemy.orm.sessionmaker(engine)), "
-                f"got {type(session_factory).__name__}"
-            )
-        if isinstance(transient_retries, bool) or not isinstance(transient_retries, int):
-            raise TypeError("transient_retries must be an int")
-        if transient_retries < 0:
-            raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
-        self._session_factory = session_factory
-        self._claims = Claims(resolve_table(table))
-        self._on_unhandled = Unhandled(on_unhandled)
-        self._backoff = Backoff(transient_retries)
-        self._registry = Registry()
-        self._guards: dict[str, Guards] = {}
+        super().__init__(
+            session_factory,
+            table=table,
+            on_unhandled=on_unhandled,
+            transient_retries=transient_retries,
+        )
         self._batches = BatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
         check_session_factory(session_factory, self._claims.bind_clause)
-
-    @property
-    def table(self) -> Table:
-        """The inbox table this inbox claims into."""
-        return self._claims.table
-
-    @property
-    def handlers(self) -> tuple[RegisteredHandler, ...]:
-        """Every registered handler, in registration order."""
-        return tuple(self._registry)
 
     @overload
     def handler(self, func: H, /) -> H: ...
@@ -111,33 +85,10 @@ class Inbox:
 
         The decorator only registers: it returns the function unchanged.
         """
-        if callable(func_or_type) and not isinstance(func_or_type, str):
-            return self._register(func_or_type, None, name=name, key=key)
-        message_type = func_or_type
-        if message_type is not None and (not isinstance(message_type, str) or not message_type):
-            raise RegistrationError(
-                f"handler message type must be a non-empty str or None, got {message_type!r}"
-            )
+        return self._decorator(func_or_type, name, key)
 
-        def decorate(func: H) -> H:
-            return self._register(func, message_type, name=name, key=key)
-
-        return decorate
-
-    def _register(
-        self, func: H, message_type: str | None, *, name: str | None, key: KeyFunc | None
-    ) -> H:
-        if not callable(func):
-            raise RegistrationError(f"a handler must be callable, got {type(func).__name__}")
+    def _check_handler(self, func: Callable[..., Any]) -> None:
         refuse_async(func)
-        if key is not None and not callable(key):
-            raise RegistrationError(f"key= must be callable, got {type(key).__name__}")
-        if key is not None:
-            refuse_async(key, what="key function")
-        handler_name = validate_name(default_name(func) if name is None else name)
-        self._registry.add(RegisteredHandler(handler_name, message_type, func, key))
-        self._guards[handler_name] = transaction_guards(handler_name)
-        return func
 
     def process(self, message: Message) -> ProcessResult:
         """Run every handler that takes ``message``, each exactly once, each in its own
@@ -166,15 +117,12 @@ class Inbox:
         """
         return self._batches.process(require_messages(messages, "process_batch"), self._plan)
 
-    def _plan(self, message: Message) -> Planned | ProcessResult:
-        return plan(message, self._registry, self._on_unhandled)
-
     def _settle(self, planned: Planned) -> ProcessResult:
         message = planned.message
         settlement = Settlement(message)
         for handler, key in zip(planned.handlers, planned.keys, strict=True):
             run = functools.partial(self._run_once, handler, key, message)
-            what = functools.partial(_describe, handler, message)
+            what = functools.partial(describe, handler, message)
             try:
                 outcome = run_with_retries(run, self._backoff, what)
             except CONFIGURATION_ERRORS:
@@ -195,7 +143,3 @@ class Inbox:
 
     def _transaction(self) -> HandlerTransaction:
         return HandlerTransaction(self._session_factory(), self._claims)
-
-
-def _describe(handler: RegisteredHandler, message: Message) -> str:
-    return f"handler {handler.name} on message {message.id}"

@@ -1,0 +1,118 @@
+"""What the blocking and the async inbox share before any I/O: their options, the handler
+decorator with its checks, and the routing of a message to its handlers and keys.
+
+Only running the handler transactions differs between the two; that lives in
+:mod:`inbox.core` and :mod:`inbox.aio`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from sqlalchemy import Table
+
+from inbox._claim import Claims
+from inbox._commit_guard import Guards, transaction_guards
+from inbox._handlers import (
+    HandlerFunc,
+    KeyFunc,
+    RegisteredHandler,
+    Registry,
+    default_name,
+    refuse_async,
+    validate_name,
+)
+from inbox._plan import Planned, plan
+from inbox._retry import Backoff
+from inbox.errors import RegistrationError
+from inbox.message import Message
+from inbox.result import ProcessResult, Unhandled
+from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+
+__all__ = ["InboxBase"]
+
+S = TypeVar("S")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class InboxBase(Generic[S]):
+    """The options and handlers of an inbox whose session factory makes ``S`` sessions.
+
+    Subclasses say which callables they accept as handlers (:meth:`_check_handler`) and
+    run the transactions; everything here is decided once, at construction or registration.
+    """
+
+    _EXAMPLE_FACTORY: ClassVar[str]
+
+    def __init__(
+        self,
+        session_factory: Callable[[], S],
+        *,
+        table: str | Table = DEFAULT_TABLE_NAME,
+        on_unhandled: Unhandled | str = Unhandled.RAISE,
+        transient_retries: int = 3,
+    ) -> None:
+        if not callable(session_factory):
+            raise TypeError(
+                f"session_factory must be callable (e.g. {self._EXAMPLE_FACTORY}), "
+                f"got {type(session_factory).__name__}"
+            )
+        if isinstance(transient_retries, bool) or not isinstance(transient_retries, int):
+            raise TypeError("transient_retries must be an int")
+        if transient_retries < 0:
+            raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
+        self._session_factory = session_factory
+        self._claims = Claims(resolve_table(table))
+        self._on_unhandled = Unhandled(on_unhandled)
+        self._backoff = Backoff(transient_retries)
+        self._registry = Registry()
+        self._guards: dict[str, Guards] = {}
+
+    @property
+    def table(self) -> Table:
+        """The inbox table this inbox claims into."""
+        return self._claims.table
+
+    @property
+    def handlers(self) -> tuple[RegisteredHandler, ...]:
+        """Every registered handler, in registration order."""
+        return tuple(self._registry)
+
+    def _decorator(self, func_or_type: Any, name: str | None, key: KeyFunc | None) -> Any:
+        """The body of ``handler()``: register a bare function, or return the decorator."""
+        if callable(func_or_type) and not isinstance(func_or_type, str):
+            return self._register(func_or_type, None, name=name, key=key)
+        message_type = func_or_type
+        if message_type is not None and (not isinstance(message_type, str) or not message_type):
+            raise RegistrationError(
+                f"handler message type must be a non-empty str or None, got {message_type!r}"
+            )
+
+        def decorate(func: F) -> F:
+            return self._register(func, message_type, name=name, key=key)
+
+        return decorate
+
+    def _register(
+        self, func: F, message_type: str | None, *, name: str | None, key: KeyFunc | None
+    ) -> F:
+        if not callable(func):
+            raise RegistrationError(f"a handler must be callable, got {type(func).__name__}")
+        self._check_handler(func)
+        if key is not None and not callable(key):
+            raise RegistrationError(f"key= must be callable, got {type(key).__name__}")
+        if key is not None:
+            refuse_async(key, what="key function")  # keys are derived before any I/O
+        handler_name = validate_name(default_name(func) if name is None else name)
+        handler_func: HandlerFunc = func  # the async inbox calls it as what it is
+        self._registry.add(RegisteredHandler(handler_name, message_type, handler_func, key))
+        self._guards[handler_name] = transaction_guards(handler_name)
+        return func
+
+    def _check_handler(self, func: Callable[..., Any]) -> None:
+        """Raise :class:`~inbox.RegistrationError` if this inbox cannot run ``func``."""
+        raise NotImplementedError
+
+    def _plan(self, message: Message) -> Planned | ProcessResult:
+        return plan(message, self._registry, self._on_unhandled)

@@ -10,6 +10,11 @@ first attempt for every 7th order, and ``loyalty.award`` never fails. Failed del
 through the worker's delayed-retry path. At the end the ledger counts rows per order in the
 business tables: every order must have exactly one payment and one loyalty award and nothing
 may be dead-lettered, or the demo exits 1.
+
+On PostgreSQL the demo works in a schema of its own (``inbox_demo_<random>``), on
+MySQL/MariaDB in a database of its own (which needs the CREATE privilege), and drops it at the
+end: nothing of the database it was pointed at is read, changed or left behind. On SQLite it
+drops its ``demo_`` tables at the end.
 """
 
 from __future__ import annotations
@@ -20,12 +25,28 @@ import random
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select
+from sqlalchemy import (
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+)
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from inbox.broker import Publisher, RetryPolicy, Worker
 from inbox.broker._idle import delete_queues, run_until_idle
@@ -127,18 +148,63 @@ def delivery_stream(orders: int, rng: random.Random) -> tuple[list[Message], int
 DEMO_RETRY = RetryPolicy((0.05, 0.1), max_tries=4)
 
 
+@contextmanager
+def own_database(database_url: str) -> Iterator[Engine]:
+    """An engine on a namespace of the demo's own in ``database_url``, removed on exit: a new
+    schema on PostgreSQL, a new database on MySQL/MariaDB; on SQLite the database itself,
+    with the demo's tables dropped on exit."""
+    url = make_url(database_url)
+    name = f"inbox_demo_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    backend = admin.dialect.name
+    own = backend in ("postgresql", "mysql", "mariadb")
+    try:
+        if own:
+            with admin.connect() as connection:
+                connection.execute(CreateSchema(name))  # CREATE DATABASE, in MySQL's words
+        if backend == "postgresql":
+            engine = create_engine(url)
+
+            @event.listens_for(engine, "connect")
+            def use_schema(dbapi_connection: Any, record: Any) -> None:
+                cursor = dbapi_connection.cursor()
+                cursor.execute(f'SET search_path TO "{name}"')  # a name made above, not input
+                cursor.close()
+                dbapi_connection.commit()
+
+        else:
+            engine = create_engine(url.set(database=name) if own else url)
+            business.drop_all(engine)
+        try:
+            yield engine
+        finally:
+            if own:
+                engine.dispose()
+                with admin.connect() as connection:
+                    connection.execute(DropSchema(name, cascade=backend == "postgresql"))
+            else:
+                business.drop_all(engine)
+                engine.dispose()
+    finally:
+        admin.dispose()
+
+
 def run_demo(
     database_url: str, *, broker: str = "memory://", orders: int = 200, seed: int = 7
 ) -> Ledger:
-    """Publish the scenario to ``broker``, consume it with the worker into ``database_url``
-    (demo tables dropped and created), and return the ledger read back from the database."""
+    """Publish the scenario to ``broker``, consume it with the worker into a namespace of
+    its own in ``database_url`` (see :func:`own_database`), and return the ledger read back
+    from the database."""
+    with own_database(database_url) as engine:
+        return _run(engine, broker, orders, seed)
+
+
+def _run(engine: Engine, broker: str, orders: int, seed: int) -> Ledger:
     rng = random.Random(seed)
-    engine = create_engine(database_url)
     # A queue of its own per run; the demo deletes it, its retry queues and dead letters.
     worker = None
     queue = f"inbox-demo-{uuid.uuid4().hex[:8]}"
     try:
-        business.drop_all(engine)
         business.create_all(engine)
         fail_first = {order_id for order_id in range(1, orders + 1) if order_id % 7 == 0}
         inbox = build_inbox(sessionmaker(engine), fail_first)
@@ -171,7 +237,6 @@ def run_demo(
                 setattr(ledger, exact, sum(1 for n in rows if n == 1))
         return ledger
     finally:
-        engine.dispose()
         if worker is not None:
             delete_queues(worker)
 

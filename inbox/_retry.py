@@ -16,7 +16,7 @@ from typing import Final, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["Backoff", "is_transient", "run_with_retries"]
+__all__ = ["Backoff", "is_transient", "log_retry", "run_with_retries"]
 
 logger = logging.getLogger("inbox.core")
 
@@ -94,12 +94,19 @@ def run_with_retries(work: Callable[[], R], backoff: Backoff, what: Callable[[],
             if delay is None:
                 raise
             reruns += 1
-            logger.info(
-                "%s: transient database error (%s), retry %d/%d in %.3f s",
-                what(),
-                type(exc).__name__,
-                reruns,
-                backoff.retries,
-                delay,
-            )
+            log_retry(what, exc, reruns, backoff, delay)
             time.sleep(delay)
+
+
+def log_retry(
+    what: Callable[[], str], exc: BaseException, reruns: int, backoff: Backoff, delay: float
+) -> None:
+    """Log the ``reruns``-th re-run of the work ``what`` names, due in ``delay`` seconds."""
+    logger.info(
+        "%s: transient database error (%s), retry %d/%d in %.3f s",
+        what(),
+        type(exc).__name__,
+        reruns,
+        backoff.retries,
+        delay,
+    )

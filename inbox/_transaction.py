@@ -100,8 +100,7 @@ class HandlerTransaction:
         """Call ``handler`` with ``message`` and the session, which it cannot commit, roll
         back or close meanwhile. A :class:`BaseException` other than ``KeyboardInterrupt``
         and ``SystemExit`` is raised as :class:`~inbox.HandlerInterrupted`."""
-        self._ran.append((handler, message))
-        guard(self._session, self._connection, guards)
+        self.handler_started(handler, message, guards)
         try:
             returned = handler.func(message, self._session)
         except (Exception, KeyboardInterrupt, SystemExit):
@@ -109,7 +108,7 @@ class HandlerTransaction:
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
-            unguard(self._session, self._connection)
+            self.handler_finished()
         if inspect.isawaitable(returned):
             if inspect.iscoroutine(returned):
                 returned.close()  # never awaited: say so here rather than in a warning
@@ -117,6 +116,16 @@ class HandlerTransaction:
                 f"handler {handler.name!r} returned an awaitable: the blocking Inbox cannot "
                 "await it, so its work would never run. Register it on an async inbox."
             )
+
+    def handler_started(self, handler: RegisteredHandler, message: Message, guards: Guards) -> None:
+        """Record that ``handler`` runs on ``message`` now, and guard the session and the
+        connection until :meth:`handler_finished` (for callers that call it themselves)."""
+        self._ran.append((handler, message))
+        guard(self._session, self._connection, guards)
+
+    def handler_finished(self) -> None:
+        """Take the guards down again; the session is the inbox's to commit or roll back."""
+        unguard(self._session, self._connection)
 
     def commit(self) -> None:
         """Commit the claims with the handlers' writes, or raise and commit nothing.

@@ -1,14 +1,22 @@
 """Batches: many messages in one handler transaction, one claim statement per handler, and
-bisection down to the failing messages when the batch rolls back."""
+bisection down to the failing messages when the batch rolls back.
+
+The decisions do no I/O, so the blocking and the async inbox share them: :func:`settle` is a
+generator that yields the steps to run (:class:`Together`, :class:`Alone`) and is sent each
+step's results (or thrown its error); :func:`split`, :func:`claims_to_make`,
+:func:`handlers_to_run` and :func:`finish` shape the batch and its transaction.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from inbox._commit_guard import Guards
-from inbox._handlers import Registry
+from inbox._handlers import RegisteredHandler, Registry
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement
 from inbox._retry import Backoff, is_transient, run_with_retries
 from inbox._transaction import HandlerTransaction
@@ -16,11 +24,161 @@ from inbox.errors import ClaimCommittedEarly, HandlerFailed, InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 
-__all__ = ["BatchProcessor"]
+__all__ = [
+    "Alone",
+    "BatchProcessor",
+    "Together",
+    "claims_to_make",
+    "finish",
+    "handlers_to_run",
+    "settle",
+    "split",
+]
 
 logger = logging.getLogger("inbox.core")
 
-_Result = ProcessResult | InboxError
+BatchResult: TypeAlias = ProcessResult | InboxError
+
+
+@dataclass(frozen=True, slots=True)
+class Together:
+    """Step: run these messages in one handler transaction (with the transient retries);
+    send back their results in order, or throw the error the transaction ended with."""
+
+    batch: Sequence[Planned]
+
+
+@dataclass(frozen=True, slots=True)
+class Alone:
+    """Step: process this message as ``process()`` would; send back its result, or its
+    :class:`~inbox.HandlerFailed` as the result."""
+
+    planned: Planned
+
+
+Steps: TypeAlias = Generator[Together | Alone, Any, list[BatchResult]]
+
+
+def split(
+    messages: Sequence[Message], plan: Callable[[Message], Planned | ProcessResult]
+) -> tuple[list[BatchResult | None], list[tuple[int, Planned]]]:
+    """Plan every message: the results known already (by position; None for the others)
+    and the planned messages with their positions."""
+    results: list[BatchResult | None] = [None] * len(messages)
+    planned: list[tuple[int, Planned]] = []
+    for index, message in enumerate(messages):
+        try:
+            made = plan(message)
+        except InboxError as exc:  # UnhandledMessage, InvalidKey: this message only
+            results[index] = exc
+            continue
+        if isinstance(made, ProcessResult):
+            results[index] = made
+        else:
+            planned.append((index, made))
+    return results, planned
+
+
+def merge(
+    results: list[BatchResult | None],
+    planned: Sequence[tuple[int, Planned]],
+    settled: Sequence[BatchResult],
+) -> list[BatchResult]:
+    """Put the settled results of the planned messages at their positions."""
+    for (index, _), outcome in zip(planned, settled, strict=True):
+        results[index] = outcome
+    return [r for r in results if r is not None]
+
+
+def settle(batch: Sequence[Planned], retries: int) -> Steps:
+    """The steps that settle ``batch``: together, then halves of it down to the failing
+    messages, or each message alone when the database keeps aborting it."""
+    if len(batch) <= 1:
+        alone: list[BatchResult] = []
+        for planned in batch:
+            alone.append((yield Alone(planned)))
+        return alone
+    try:
+        together: list[BatchResult] = yield Together(batch)
+        return together
+    except CONFIGURATION_ERRORS:
+        raise
+    except ClaimCommittedEarly as early:
+        # A handler committed the batch's claims under the inbox: which handlers' writes
+        # went in with them cannot be known, so every message goes to reconciliation.
+        return [_failed(planned, early) for planned in batch]
+    except Exception as exc:
+        failure = exc
+    # Outside the except block: the halves' own errors must not chain to this one.
+    if is_transient(failure):
+        # Deadlocks, lock timeouts, a lost connection outlasted the retries: maybe one
+        # message's locks, maybe the database. Each message alone then, as without
+        # batching: the healthy ones commit, each gets its own retries.
+        logger.warning(
+            "batch of %d messages failed with a transient database error after %d "
+            "retries (%s); processing its messages one by one",
+            len(batch),
+            retries,
+            type(failure).__name__,
+        )
+        del failure
+        each: list[BatchResult] = []
+        for planned in batch:
+            each.append((yield Alone(planned)))
+        return each
+    middle = len(batch) // 2
+    logger.info(
+        "batch of %d messages rolled back (%s: %s); splitting it in %d + %d",
+        len(batch),
+        type(failure).__name__,
+        failure,
+        middle,
+        len(batch) - middle,
+    )
+    del failure
+    first = yield from settle(batch[:middle], retries)
+    return first + (yield from settle(batch[middle:], retries))
+
+
+def claims_to_make(registry: Registry, batch: Sequence[Planned]) -> list[tuple[str, list[bytes]]]:
+    """Each handler's distinct keys in the batch, sorted, handlers in registration order (as
+    every batch claims them, so concurrent batches lock in the same order)."""
+    keys_by_handler: dict[str, set[bytes]] = {}
+    for planned in batch:
+        for handler, key in zip(planned.handlers, planned.keys, strict=True):
+            keys_by_handler.setdefault(handler.name, set()).add(key)
+    return [
+        (handler.name, sorted(keys))
+        for handler in registry
+        if (keys := keys_by_handler.get(handler.name))
+    ]
+
+
+def handlers_to_run(
+    batch: Sequence[Planned], won: dict[str, set[bytes]], settlements: Sequence[Settlement]
+) -> Iterator[tuple[RegisteredHandler, Message]]:
+    """The handler runs the batch's transaction makes, in order, given the keys ``won``:
+    each outcome is recorded in ``settlements`` (PROCESSED once the caller asks for the
+    next run, so a run that raises is never recorded)."""
+    for planned, settlement in zip(batch, settlements, strict=True):
+        for handler, key in zip(planned.handlers, planned.keys, strict=True):
+            owned = won[handler.name]
+            if key not in owned:
+                settlement.outcomes[handler.name] = Outcome.DUPLICATE
+                continue
+            owned.discard(key)  # a later message with this key is a duplicate
+            yield handler, planned.message
+            settlement.outcomes[handler.name] = Outcome.PROCESSED
+
+
+def finish(settlements: Sequence[Settlement]) -> list[BatchResult]:
+    """The results of a committed batch transaction."""
+    results: list[BatchResult] = []
+    for settlement in settlements:
+        for name in [n for n, o in settlement.outcomes.items() if o is Outcome.DUPLICATE]:
+            settlement.done(name, Outcome.DUPLICATE)  # logged once committed
+        results.append(settlement.result())
+    return results
 
 
 class BatchProcessor:
@@ -46,106 +204,49 @@ class BatchProcessor:
         self,
         messages: Sequence[Message],
         plan: Callable[[Message], Planned | ProcessResult],
-    ) -> list[_Result]:
+    ) -> list[BatchResult]:
         """Each message's result or error, in order (see :meth:`inbox.Inbox.process_batch`)."""
-        results: list[_Result | None] = [None] * len(messages)
-        planned: list[tuple[int, Planned]] = []
-        for index, message in enumerate(messages):
+        results, planned = split(messages, plan)
+        steps = settle([p for _, p in planned], self._backoff.retries)
+        return merge(results, planned, self._drive(steps))
+
+    def _drive(self, steps: Steps) -> list[BatchResult]:
+        try:
+            step = next(steps)
+            while True:
+                failure: Exception | None = None
+                try:
+                    done = self._run(step)
+                except Exception as exc:
+                    failure = exc
+                # Thrown outside the except block: what runs next must not chain to it.
+                step = steps.send(done) if failure is None else steps.throw(failure)
+                del failure
+        except StopIteration as settled:
+            value: list[BatchResult] = settled.value
+            return value
+
+    def _run(self, step: Together | Alone) -> object:
+        if isinstance(step, Alone):
             try:
-                made = plan(message)
-            except InboxError as exc:  # UnhandledMessage, InvalidKey: this message only
-                results[index] = exc
-                continue
-            if isinstance(made, ProcessResult):
-                results[index] = made
-            else:
-                planned.append((index, made))
-        settled = self._settle([p for _, p in planned])
-        for (index, _), outcome in zip(planned, settled, strict=True):
-            results[index] = outcome
-        return [r for r in results if r is not None]
+                return self._alone(step.planned)
+            except HandlerFailed as failed:
+                return failed
+        size = len(step.batch)
+        run = functools.partial(self._run_once, step.batch)
+        return run_with_retries(run, self._backoff, lambda: f"batch of {size} messages")
 
-    def _settle(self, batch: Sequence[Planned]) -> list[_Result]:
-        if len(batch) <= 1:
-            return [self._process_alone(planned) for planned in batch]
-        try:
-            run = functools.partial(self._run_once, batch)
-            return run_with_retries(run, self._backoff, lambda: f"batch of {len(batch)} messages")
-        except CONFIGURATION_ERRORS:
-            raise
-        except ClaimCommittedEarly as early:
-            # A handler committed the batch's claims under the inbox: which handlers' writes
-            # went in with them cannot be known, so every message goes to reconciliation.
-            return [_failed(planned, early) for planned in batch]
-        except Exception as exc:
-            failure = exc
-        # Outside the except block: the halves' own errors must not chain to this one.
-        if is_transient(failure):
-            # Deadlocks, lock timeouts, a lost connection outlasted the retries: maybe one
-            # message's locks, maybe the database. Each message alone then, as without
-            # batching: the healthy ones commit, each gets its own retries.
-            logger.warning(
-                "batch of %d messages failed with a transient database error after %d "
-                "retries (%s); processing its messages one by one",
-                len(batch),
-                self._backoff.retries,
-                type(failure).__name__,
-            )
-            del failure
-            return [self._process_alone(planned) for planned in batch]
-        middle = len(batch) // 2
-        logger.info(
-            "batch of %d messages rolled back (%s: %s); splitting it in %d + %d",
-            len(batch),
-            type(failure).__name__,
-            failure,
-            middle,
-            len(batch) - middle,
-        )
-        del failure
-        return self._settle(batch[:middle]) + self._settle(batch[middle:])
-
-    def _process_alone(self, planned: Planned) -> _Result:
-        try:
-            return self._alone(planned)
-        except HandlerFailed as failed:
-            return failed
-
-    def _run_once(self, batch: Sequence[Planned]) -> list[_Result]:
+    def _run_once(self, batch: Sequence[Planned]) -> list[BatchResult]:
         settlements = [Settlement(planned.message) for planned in batch]
         with self._transaction() as transaction:
-            won = self._claim(transaction, batch)
-            for planned, settlement in zip(batch, settlements, strict=True):
-                for handler, key in zip(planned.handlers, planned.keys, strict=True):
-                    owned = won[handler.name]
-                    if key not in owned:
-                        settlement.outcomes[handler.name] = Outcome.DUPLICATE
-                        continue
-                    owned.discard(key)  # a later message with this key is a duplicate
-                    transaction.run(handler, planned.message, self._guards[handler.name])
-                    settlement.outcomes[handler.name] = Outcome.PROCESSED
+            won = {
+                name: set(transaction.claim_many(keys, name))
+                for name, keys in claims_to_make(self._registry, batch)
+            }
+            for handler, message in handlers_to_run(batch, won, settlements):
+                transaction.run(handler, message, self._guards[handler.name])
             transaction.commit()
-        results: list[_Result] = []
-        for settlement in settlements:
-            for name in [n for n, o in settlement.outcomes.items() if o is Outcome.DUPLICATE]:
-                settlement.done(name, Outcome.DUPLICATE)  # logged once committed
-            results.append(settlement.result())
-        return results
-
-    def _claim(
-        self, transaction: HandlerTransaction, batch: Sequence[Planned]
-    ) -> dict[str, set[bytes]]:
-        """One claim statement per handler for all its keys in the batch; the keys won."""
-        keys_by_handler: dict[str, set[bytes]] = {}
-        for planned in batch:
-            for handler, key in zip(planned.handlers, planned.keys, strict=True):
-                keys_by_handler.setdefault(handler.name, set()).add(key)
-        won: dict[str, set[bytes]] = {}
-        for handler in self._registry:  # registration order, as every batch does
-            keys = keys_by_handler.get(handler.name)
-            if keys:
-                won[handler.name] = set(transaction.claim_many(sorted(keys), handler.name))
-        return won
+        return finish(settlements)
 
 
 def _failed(planned: Planned, error: Exception) -> HandlerFailed:

@@ -277,8 +277,9 @@ def secret_fragments(password: str) -> set[str]:
 @given(password=_PASSWORDS)
 def test_cli_never_prints_a_fragment_of_an_unescaped_password(password: str) -> None:
     url = f"postgresql+psycopg://app:{password}@127.0.0.1:1/app?connect_timeout=2"
-    for argv in (["--database-url", url], [url], ["--db-url", url]):
-        code, out, err = run_cli("--days", "30", *argv)
+    runs = [run_cli("--days", "30", *argv) for argv in (["--database-url", url], [url])]
+    runs += [run_cli("--days", "30", "--db-url", url), run_cli("--days", "30", env_url=url)]
+    for code, out, err in runs:
         assert code in (1, 2)
         fragments = secret_fragments(password)
         # The password whole too, once it has letters (':' alone shows up anyway).

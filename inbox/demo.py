@@ -149,7 +149,7 @@ DEMO_RETRY = RetryPolicy((0.05, 0.1), max_tries=4)
 
 
 @contextmanager
-def own_database(database_url: str) -> Iterator[Engine]:
+def _own_database(database_url: str) -> Iterator[Engine]:
     """An engine on a namespace of the demo's own in ``database_url``, removed on exit: a new
     schema on PostgreSQL, a new database on MySQL/MariaDB; on SQLite the database itself,
     with the demo's tables dropped on exit."""
@@ -193,9 +193,9 @@ def run_demo(
     database_url: str, *, broker: str = "memory://", orders: int = 200, seed: int = 7
 ) -> Ledger:
     """Publish the scenario to ``broker``, consume it with the worker into a namespace of
-    its own in ``database_url`` (see :func:`own_database`), and return the ledger read back
+    its own in ``database_url`` (see :func:`_own_database`), and return the ledger read back
     from the database."""
-    with own_database(database_url) as engine:
+    with _own_database(database_url) as engine:
         return _run(engine, broker, orders, seed)
 
 

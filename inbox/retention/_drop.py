@@ -153,7 +153,8 @@ def _sweep_leftovers(engine: Engine, table: Table) -> list[tuple[str, int]]:
             continue
         swept.append((name, rows))
         logger.warning(
-            "cleanup: dropped %s (%d claims), a day partition detached by an earlier run",
+            "cleanup: dropped %s (%d claims), a day partition detached and not dropped by "
+            "an interrupted (or a concurrent) cleanup",
             name,
             rows,
             extra={"inbox_deleted": rows},

@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from support.databases import cannot_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.cluster._process import ClusterError
+from tools.cluster._process import ClusterError, wait_until
 from tools.cluster.postgres import USER, PgNode, PostgresPair, pg_bin
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,14 @@ def _crash_and_promote(pair: PostgresPair, frozen_receiver: int) -> None:
     promote the standby (its server restarts the receiver's siblings, then takes over)."""
     pair.kill_primary()
     os.kill(frozen_receiver, signal.SIGKILL)
+    # The standby's server restarts its processes after the receiver's crash, and a promote
+    # request sent in the middle of that restart is dropped: wait until it serves again.
+    time.sleep(1.0)
+    wait_until(
+        lambda: pair.sql(pair.standby, "SELECT pg_is_in_recovery()") == "t",
+        timeout=60,
+        what="the standby serving again",
+    )
     pair.promote()
 
 

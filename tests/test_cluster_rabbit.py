@@ -5,7 +5,6 @@ the queue's leader, crashes or stops; nothing confirmed is lost, nothing runs tw
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -17,6 +16,7 @@ from kombu import Connection
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import cannot_run
+from support.worker import run_in_thread, wait_until
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, Worker
@@ -113,12 +113,8 @@ def test_a_worker_carries_on_when_its_node_stops_and_runs_each_message_once(
     with Publisher(cluster.url(vhost), routing_key="work") as publisher:
         for n in range(300):
             _publish(publisher, n)
-    runner = threading.Thread(target=worker.run, kwargs={"idle_timeout": 8.0})
-    runner.start()
-    deadline = time.monotonic() + 60
-    while worker.stats.acked < 60 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker.stats.acked >= 60
+    runner = run_in_thread(worker, idle_timeout=8.0)
+    wait_until(lambda: worker.stats.acked >= 60, "60 messages acked", timeout=60)
     stopped = cluster.nodes[0]  # first in the URL list: the worker's node, and the leader's
     cluster.stop_node(stopped.name)
     assert worker.stats.acked < 300, "the node must stop while the worker is busy"

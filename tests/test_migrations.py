@@ -22,6 +22,7 @@ from inbox import cleanup
 from inbox.schema import inbox_table, metadata, processed_at_index_name
 
 ROOT = Path(__file__).resolve().parent.parent
+PIP = [sys.executable, "-m", "pip"]
 
 
 def repo_config(url: str | URL) -> Config:
@@ -190,26 +191,22 @@ path_separator = space
 
 
 @pytest.fixture(scope="module")
-def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package built as a wheel and installed into a directory of its own."""
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built as a wheel, once for the module."""
     build = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(build),
-            str(ROOT),
-        ],
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(build), str(ROOT)],
         check=True,
         capture_output=True,
     )
     [wheel] = build.glob("inbox-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package installed from its wheel into a directory of its own."""
+    wheel = built_wheel
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [
@@ -281,17 +278,9 @@ def test_app_with_its_own_history_adds_the_inbox_revisions_from_the_wheel(
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fresh_venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment with the package installed from its built wheel (console
     scripts included); its other dependencies come from the suite's environment."""
-    build = tmp_path_factory.mktemp("recipe-wheel")
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(build), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    [wheel] = build.glob("inbox-*.whl")
     venv = tmp_path_factory.mktemp("recipe-venv")
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
@@ -308,7 +297,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     suite_site = next(p for p in sys.path if p.endswith("site-packages"))
     (Path(site) / "suite_dependencies.pth").write_text(suite_site + "\n")
     subprocess.run(
-        [*pip, "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        [*PIP, "--python", str(python), "install", "--no-deps", "-q", str(built_wheel)],
         check=True,
         capture_output=True,
     )

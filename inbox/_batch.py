@@ -27,10 +27,13 @@ from inbox.result import Outcome, ProcessResult
 __all__ = [
     "Alone",
     "BatchProcessor",
+    "BatchResult",
+    "Steps",
     "Together",
     "claims_to_make",
     "finish",
     "handlers_to_run",
+    "merge",
     "settle",
     "split",
 ]

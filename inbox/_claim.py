@@ -34,12 +34,16 @@ __all__ = [
 ]
 
 SUPPORTED_DRIVERS: Final[dict[str, frozenset[str]]] = {
-    "postgresql": frozenset({"psycopg", "psycopg2", "pg8000"}),
-    "sqlite": frozenset({"pysqlite"}),
-    "mysql": frozenset({"pymysql"}),
-    "mariadb": frozenset({"pymysql"}),
+    # "psycopg" is psycopg 3 both blocking and async (create_async_engine); asyncpg,
+    # aiosqlite and asyncmy are async only (inbox.aio.AsyncInbox).
+    "postgresql": frozenset({"psycopg", "psycopg2", "pg8000", "asyncpg"}),
+    "sqlite": frozenset({"pysqlite", "aiosqlite"}),
+    "mysql": frozenset({"pymysql", "asyncmy"}),
+    "mariadb": frozenset({"pymysql", "asyncmy"}),
 }
-"""The drivers the dedup suite runs on, per dialect; any other is refused, not guessed at."""
+"""The drivers the dedup suite runs on, per dialect; any other is refused, not guessed at.
+(aiomysql is not among them: 0.3.2 with PyMySQL >= 1.2.3 mangles bytes parameters,
+aio-libs/aiomysql#1080, which would break every claim.)"""
 
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
 

@@ -22,7 +22,9 @@ __all__ = [
     "RegisteredHandler",
     "Registry",
     "default_name",
+    "is_coroutine_callable",
     "refuse_async",
+    "require_async",
     "validate_name",
 ]
 
@@ -101,21 +103,39 @@ def refuse_async(func: Callable[..., Any], *, what: str = "handler") -> None:
     commit the claim for work that never ran, and the message would be lost.
     """
     target = func.func if isinstance(func, functools.partial) else func
-    call = (
-        None
-        if inspect.isroutine(target)
-        else inspect.getattr_static(type(target), "__call__", None)
-    )
-    if (
-        inspect.iscoroutinefunction(target)
-        or inspect.isasyncgenfunction(target)
-        or (call is not None and inspect.iscoroutinefunction(call))
-    ):
+    if is_coroutine_callable(func) or inspect.isasyncgenfunction(target):
         raise RegistrationError(
             f"{what} {target!r} is a coroutine function: the blocking Inbox would never await "
             "it (its claim would commit for work that never ran). Register async handlers on "
             "an async inbox, or make it a plain function."
         )
+
+
+def require_async(func: Callable[..., Any]) -> None:
+    """Refuse a handler that is not a coroutine function where an async one is needed.
+
+    The async inbox awaits what a handler returns; a plain function would run its blocking
+    I/O on the event loop (or fail on the first statement of an ``AsyncSession``).
+    """
+    if not is_coroutine_callable(func):
+        raise RegistrationError(
+            f"handler {func!r} is not a coroutine function: the async inbox awaits its "
+            "handlers. Make it 'async def', or register it on the blocking inbox.Inbox."
+        )
+
+
+def is_coroutine_callable(func: Callable[..., Any]) -> bool:
+    """Whether calling ``func`` (a function, a partial of one, or an object with an async
+    ``__call__``) returns an awaitable instead of running."""
+    target = func.func if isinstance(func, functools.partial) else func
+    call = (
+        None
+        if inspect.isroutine(target)
+        else inspect.getattr_static(type(target), "__call__", None)
+    )
+    return inspect.iscoroutinefunction(target) or (
+        call is not None and inspect.iscoroutinefunction(call)
+    )
 
 
 def validate_name(name: object) -> str:

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Dialect, Engine, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction
@@ -51,7 +51,10 @@ def refuse_busy_session(session: Session) -> None:
 
 
 def check_session_factory(
-    session_factory: Callable[[], Session], claim_statement: ClauseElement
+    session_factory: Callable[[], Session],
+    claim_statement: ClauseElement,
+    *,
+    asynchronous: bool = False,
 ) -> None:
     """Refuse, when the inbox is made, a session factory it could never use: sessions that
     come already in a transaction or bound to an outer Connection, and a database dialect or
@@ -71,8 +74,22 @@ def check_session_factory(
             return
         _refuse_shared_transaction(session, bind)
         check_supported(bind.dialect)
+        _refuse_other_flavour(bind.dialect, asynchronous=asynchronous)
     finally:
         type(session).close(session)
+
+
+def _refuse_other_flavour(dialect: Dialect, *, asynchronous: bool) -> None:
+    if dialect.is_async and not asynchronous:
+        raise SessionConfigurationError(
+            f"the {dialect.name}+{dialect.driver} engine is an asyncio engine: use "
+            "inbox.aio.AsyncInbox with an async_sessionmaker, or a blocking driver"
+        )
+    if asynchronous and not dialect.is_async:
+        raise SessionConfigurationError(
+            f"the {dialect.name}+{dialect.driver} engine is a blocking engine: AsyncInbox "
+            "needs create_async_engine() and an async_sessionmaker (or use inbox.Inbox)"
+        )
 
 
 def _refuse_shared_transaction(session: Session, bind: Engine | Connection) -> None:

@@ -1,0 +1,13 @@
+"""inbox for asyncio: :class:`AsyncInbox` on SQLAlchemy's ``AsyncSession``.
+
+The same claim, decisions, outcomes, errors and guards as :class:`inbox.Inbox`, shared
+rather than copied: the claim and the checks run on the session's synchronous side through
+``AsyncSession.run_sync``, and only the handler and the waits are awaited.
+
+Needs the ``aio`` extra (``pip install 'inbox[aio]'``): SQLAlchemy's asyncio layer and the
+async drivers the inbox is tested on (psycopg, asyncpg, aiosqlite, asyncmy).
+"""
+
+from inbox.aio._inbox import AsyncHandlerFunc, AsyncInbox
+
+__all__ = ["AsyncHandlerFunc", "AsyncInbox"]

@@ -1,0 +1,164 @@
+"""AsyncInbox: the Inbox for asyncio code, on SQLAlchemy's ``AsyncSession``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeAlias, TypeVar, overload
+
+from sqlalchemy import Table
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from inbox._handlers import KeyFunc, RegisteredHandler, require_async
+from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
+from inbox._registration import InboxBase
+from inbox._session_checks import check_session_factory
+from inbox.aio._batch import AsyncBatchProcessor
+from inbox.aio._retry import run_with_retries
+from inbox.aio._transaction import AsyncHandlerTransaction
+from inbox.errors import InboxError, SessionConfigurationError
+from inbox.message import Message
+from inbox.result import Outcome, ProcessResult, Unhandled
+from inbox.schema import DEFAULT_TABLE_NAME
+
+__all__ = ["AsyncHandlerFunc", "AsyncInbox"]
+
+AsyncHandlerFunc: TypeAlias = Callable[[Message, AsyncSession], Awaitable[object]]
+"""An async handler: awaited with the message and the ``AsyncSession`` holding the claim."""
+
+A = TypeVar("A", bound=AsyncHandlerFunc)
+
+
+class AsyncInbox(InboxBase[AsyncSession]):
+    """The transactional inbox for asyncio: register ``async def`` handlers, then
+    ``await process()`` each delivered message.
+
+    ``session_factory`` makes a new :class:`~sqlalchemy.ext.asyncio.AsyncSession` per
+    handler transaction (an ``async_sessionmaker`` bound to an engine from
+    ``create_async_engine``). ``table``, ``on_unhandled`` and ``transient_retries`` mean
+    what they mean for :class:`inbox.Inbox`, and so do the outcomes, errors and guards.
+
+    A task cancelled while a handler runs (or while its claim or commit is on the wire)
+    rolls the handler's transaction back, returns the connection to the pool and raises the
+    :class:`asyncio.CancelledError` as itself; ``asyncio.timeout()`` around ``process()``
+    behaves the same. Unlike the blocking inbox, the cancellation is not wrapped in
+    :class:`~inbox.HandlerInterrupted`: it belongs to the task, not to the handler.
+    """
+
+    _EXAMPLE_FACTORY = "sqlalchemy.ext.asyncio.async_sessionmaker(engine)"
+
+    def __init__(
+        self,
+        session_factory: Callable[[], AsyncSession],
+        *,
+        table: str | Table = DEFAULT_TABLE_NAME,
+        on_unhandled: Unhandled | str = Unhandled.RAISE,
+        transient_retries: int = 3,
+    ) -> None:
+        super().__init__(
+            session_factory,
+            table=table,
+            on_unhandled=on_unhandled,
+            transient_retries=transient_retries,
+        )
+        self._batches = AsyncBatchProcessor(
+            self._registry, self._transaction, self._guards, self._backoff, self._settle
+        )
+        check_session_factory(
+            functools.partial(_sync_session, session_factory),
+            self._claims.bind_clause,
+            asynchronous=True,
+        )
+
+    @overload
+    def handler(self, func: A, /) -> A: ...
+
+    @overload
+    def handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Callable[[A], A]: ...
+
+    def handler(
+        self,
+        func_or_type: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Any:
+        """Register an ``async def`` handler, in the forms :meth:`inbox.Inbox.handler`
+        takes (bare, a type, ``name=``, ``key=``). ``key=`` stays a plain function: keys
+        are derived before any I/O. A plain ``def`` handler is a
+        :class:`~inbox.RegistrationError` here.
+
+        The decorator only registers: it returns the function unchanged.
+        """
+        return self._decorator(func_or_type, name, key)
+
+    def _check_handler(self, func: Callable[..., Any]) -> None:
+        require_async(func)
+
+    async def process(self, message: Message) -> ProcessResult:
+        """Run every handler that takes ``message``, each exactly once, each in its own
+        transaction with its own claim; the result and errors are those of
+        :meth:`inbox.Inbox.process`."""
+        planned = self._plan(message)
+        if isinstance(planned, ProcessResult):
+            return planned
+        return await self._settle(planned)
+
+    async def process_batch(self, messages: Sequence[Message]) -> list[ProcessResult | InboxError]:
+        """Process many messages in ONE transaction, with one claim statement per handler;
+        results, bisection and errors are those of :meth:`inbox.Inbox.process_batch`."""
+        return await self._batches.process(require_messages(messages, "process_batch"), self._plan)
+
+    async def _settle(self, planned: Planned) -> ProcessResult:
+        message = planned.message
+        settlement = Settlement(message)
+        for handler, key in zip(planned.handlers, planned.keys, strict=True):
+            run = functools.partial(self._run_once, handler, key, message)
+            what = functools.partial(describe, handler, message)
+            try:
+                outcome = await run_with_retries(run, self._backoff, what)
+            except CONFIGURATION_ERRORS:
+                raise
+            except Exception as exc:
+                settlement.failed(handler.name, exc)
+            else:
+                settlement.done(handler.name, outcome)
+        return settlement.result()
+
+    async def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
+        async with self._transaction() as transaction:
+            if not await transaction.claim(key, handler.name):
+                return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
+            await transaction.run(handler, message, self._guards[handler.name])
+            await transaction.commit()
+        return Outcome.PROCESSED
+
+    def _transaction(self) -> AsyncHandlerTransaction:
+        return AsyncHandlerTransaction(self._session_factory(), self._claims)
+
+
+def _sync_session(session_factory: Callable[[], AsyncSession]) -> Session:
+    """The blocking ``Session`` behind a new ``AsyncSession``, for the construction checks
+    (they connect to nothing)."""
+    session: object = session_factory()
+    if isinstance(session, AsyncSession):
+        return session.sync_session
+    if isinstance(session, Session):
+        type(session).close(session)
+        raise SessionConfigurationError(
+            "AsyncInbox needs an async_sessionmaker (sessions from create_async_engine); "
+            "session_factory returned a blocking Session: use inbox.Inbox for that"
+        )
+    raise SessionConfigurationError(
+        "session_factory must return a sqlalchemy.ext.asyncio.AsyncSession (use "
+        f"async_sessionmaker(engine)), got {type(session).__name__}"
+    )

@@ -563,11 +563,9 @@ def test_a_window_reaching_before_1970_works_as_on_a_plain_table(part_db: Databa
     assert len(all_claims(part_db)) == 1
 
 
-def readme_block(marker: str) -> str:
-    readme = (ROOT / "docs" / "operations.md").read_text()
-    match = re.search(
-        rf"<!-- {marker} -->\s*```python\n(.*?)```\s*<!-- /{marker} -->", readme, re.S
-    )
+def operations_doc_block(marker: str) -> str:
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```\s*<!-- /{marker} -->", doc, re.S)
     assert match is not None, f"docs/operations.md has no {marker} block"
     return match.group(1)
 
@@ -592,14 +590,16 @@ engine.dispose()
 """
 
 
-def test_the_readme_revision_creates_the_partitioned_table(pg_db: Database, tmp_path: Path) -> None:
+def test_the_documented_revision_creates_the_partitioned_table(
+    pg_db: Database, tmp_path: Path
+) -> None:
     with pg_db.engine.begin() as connection:
         inbox_message.drop(connection)
         effects.drop(connection)  # an empty database: autogenerate sees the inbox only
     (tmp_path / "versions").mkdir()
     (tmp_path / "env.py").write_text(RECIPE_ENV)
     (tmp_path / "versions" / "a1b2c3d4e5f6_partitioned_inbox.py").write_text(
-        readme_block("partitioned-revision")
+        operations_doc_block("partitioned-revision")
     )
     config = Config()
     config.set_main_option("script_location", str(tmp_path))

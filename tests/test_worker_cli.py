@@ -9,10 +9,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Rabbit
+from kombu import Connection
+from kombu import Queue as KombuQueue
 
 from inbox.broker import Publisher
 from inbox.broker.cli import BROKER_URL_ENV, worker_main
@@ -41,6 +45,22 @@ APP = """
     @inbox.handler("op", name="ops.fail")
     def fail(message, session):
         raise ValueError("card declined for " + str(message.body["ref"]))
+
+
+    @inbox.handler("note", name="ops.note")
+    def note(message, session):
+        pass
+
+
+    # Misconfigured: the claim would commit on its own, without the handler's writes.
+    autocommit_inbox = Inbox(
+        sessionmaker(sa.create_engine("sqlite:///{db}", isolation_level="AUTOCOMMIT"))
+    )
+
+
+    @autocommit_inbox.handler("note", name="ops.note")
+    def note_too(message, session):
+        pass
 """
 
 
@@ -192,3 +212,97 @@ def test_the_worker_logs_one_line_per_failure_and_dead_letter_and_exits_0_on_sig
         "worker stopped: deliveries=2 acked=2 failed_tries=2 retried=1 dead_lettered=1 "
         "(handler-failed=1) requeued=0; handler runs: processed=0 duplicates=0"
     ) in text
+
+
+@pytest.fixture
+def signals_restored() -> Iterator[None]:
+    """worker_main installs SIGTERM/SIGINT handlers in this process: put pytest's back.
+    A worker that never stops is interrupted after 30 s, failing the test, not hanging it."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def too_long(signum: int, frame: object) -> None:
+        raise TimeoutError("the worker did not stop by itself within 30 s")
+
+    previous_alarm = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(30)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_a_misconfigured_session_factory_stops_the_worker_with_exit_3_and_requeues(
+    app_dir: Path, signals_restored: None
+) -> None:
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    with Connection("memory://") as connection, connection.channel() as channel:
+        KombuQueue(queue)(channel).declare()
+    with Publisher("memory://", routing_key=queue) as publisher:
+        message_id = publisher.publish("note", {"ref": "r1"})
+
+    code, err = run("cli_app:autocommit_inbox", "--broker", "memory://", "--queue", queue)
+
+    # Not a message failure: no retry, no dead letter, the message back in its queue.
+    assert code == 3, err
+    [line] = [x for x in err.splitlines() if x.startswith("inbox-worker: ")]
+    assert line.startswith("inbox-worker: configuration error: SessionConfigurationError: ")
+    assert "AUTOCOMMIT" in line
+    assert "Traceback" not in err
+    assert "retry in" not in err
+    assert "dead-lettered" not in err
+    with Connection("memory://") as connection, connection.SimpleQueue(queue) as back:
+        again = back.get(timeout=1)
+        assert again.properties["message_id"] == str(message_id)
+        again.ack()
+        with pytest.raises(back.Empty):
+            connection.SimpleQueue(f"{queue}.dlq").get(timeout=0.1)
+
+
+def test_each_skipped_duplicate_is_logged_at_info_and_counted_under_inbox_worker(
+    app_dir: Path, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+    log = app_dir / "worker.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from inbox.broker.cli import worker_main; sys.exit(worker_main())",
+                "cli_app:inbox",
+                "--broker",
+                rabbit.url,
+                "--queue",
+                queue,
+            ],
+            stderr=stderr,
+            cwd=app_dir,
+            env={**os.environ, "PYTHONPATH": _path_with(app_dir)},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "consuming" not in log.read_text():
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            with Publisher(rabbit.url, routing_key=queue) as publisher:
+                message_id = publisher.publish("note", {"ref": "r1"})
+                publisher.publish("note", {"ref": "r1"}, message_id=message_id)
+                publisher.publish("note", {"ref": "r1"}, message_id=message_id)
+            while log.read_text().count("skipped (duplicate)") < 2:
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = log.read_text()
+    skipped = [x for x in text.splitlines() if "skipped (duplicate)" in x]
+    assert len(skipped) == 2
+    assert all(f" INFO inbox.worker: message {message_id}: ops.note" in x for x in skipped)
+    assert "duplicates=2" in text.splitlines()[-1]

@@ -2,7 +2,10 @@
 
 Exit codes: 0 after a clean stop (SIGTERM or SIGINT: the in-flight message is finished and
 acked first); 1 when the broker is unreachable or refuses the topology at start, or the worker
-fails; 2 on bad usage (arguments, or a ``MODULE:ATTRIBUTE`` that does not give an ``Inbox``).
+fails; 2 on bad usage (arguments, or a ``MODULE:ATTRIBUTE`` that does not give an ``Inbox``);
+3 on a configuration error met on the first message (``SessionConfigurationError``,
+``UnsupportedDialect``): that delivery is requeued untouched, nothing is retried or
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from typing import TextIO
 
 from kombu.connection import Connection
 
-from inbox._cli import (
+from inbox.broker._signals import install_signal_handlers
+from inbox.broker.codec import JSON
+from inbox.broker.connection import safe_uri
+from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
+from inbox.broker.worker import Worker
+from inbox.cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
     EXIT_USAGE,
@@ -26,17 +34,20 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.codec import JSON
-from inbox.broker.connection import safe_uri
-from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
-from inbox.broker.worker import Worker
 from inbox.core import Inbox
+from inbox.errors import SessionConfigurationError, UnsupportedDialect
 
-__all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "load_inbox", "worker_main"]
+__all__ = [
+    "BROKER_URL_ENV",
+    "EXIT_BROKER_ERROR",
+    "EXIT_CONFIGURATION_ERROR",
+    "load_inbox",
+    "worker_main",
+]
 
 BROKER_URL_ENV = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
+EXIT_CONFIGURATION_ERROR = 3
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -199,6 +210,12 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
     except KeyboardInterrupt:
         err.write("inbox-worker: stopped at once; the in-flight message will be redelivered\n")
         return EXIT_BROKER_ERROR
+    except (SessionConfigurationError, UnsupportedDialect) as exc:
+        err.write(
+            f"inbox-worker: configuration error: {_first_line(exc)} (the message was requeued "
+            "untouched; fix the configuration and start again)\n"
+        )
+        return EXIT_CONFIGURATION_ERROR
     except Exception as exc:
         err.write(f"inbox-worker: error: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
@@ -248,8 +265,9 @@ def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     if level != "DEBUG":
-        # One line per event: the worker logs each failure and dead letter itself, so the
-        # core's per-handler lines (and kombu's connection chatter) are for DEBUG only.
+        # One line per event: the worker logs each failure, dead letter and skipped duplicate
+        # itself (under inbox.worker), so the core's per-handler lines (and kombu's
+        # connection chatter) are for DEBUG only.
         logging.getLogger("inbox.core").setLevel(logging.ERROR)
         logging.getLogger("kombu").setLevel(logging.WARNING)
         logging.getLogger("amqp").setLevel(logging.WARNING)

@@ -32,7 +32,7 @@ def test_chaos_on_a_rabbitmq_cluster_and_a_failing_over_postgresql(tmp_path: Pat
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [
-            sys.executable, str(HARNESS), "--cluster", "both", "--ops", "1500",
+            sys.executable, str(HARNESS), "--cluster", "both", "--ops", "2000",
             "--workers", "3", "--cluster-fault-interval", "2", "--json", str(report_path),
         ],
         capture_output=True,
@@ -49,7 +49,7 @@ def test_chaos_on_a_rabbitmq_cluster_and_a_failing_over_postgresql(tmp_path: Pat
     assert report["exact"] is True
     assert set(report["queues_at_end"].values()) == {0}
     faults = report["faults_injected"]
-    # The first two cluster faults: the queue leader's crash, then the primary's.
+    # The first two cluster faults: the primary's crash, then the queue leader's.
     assert faults.get("rabbit_kill_leader", 0) >= 1, faults
     assert faults.get("pg_failover", 0) >= 1, faults
     assert report["cluster"]["pg_promotions"] == faults["pg_failover"]

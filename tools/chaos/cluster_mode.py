@@ -109,11 +109,12 @@ class ClusterMode:
     def start_faults(self, rng: random.Random, interval: float, vhost: str, queue: str) -> None:
         """Inject one cluster fault every ``interval`` seconds (±50 %) until :meth:`stop_faults`.
 
-        The kinds take turns in a fixed order (the leader's crash first, RabbitMQ and
-        PostgreSQL alternating with ``both``), so even a short run sees each early kind."""
+        The kinds take turns in a fixed order (with ``both``: a failover, the RabbitMQ queue
+        leader's crash, a failover, the leader stopped, ...), so a short run sees the first
+        kinds of each."""
         rabbit = list(RABBIT_FAULTS) if self.rabbit else []
         postgres = ["pg_failover"] * (len(rabbit) or 1) if self.postgres else []
-        order = [k for pair in itertools.zip_longest(rabbit, postgres) for k in pair if k]
+        order = [k for pair in itertools.zip_longest(postgres, rabbit) for k in pair if k]
         kinds = itertools.cycle(order)
 
         def loop() -> None:

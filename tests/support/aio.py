@@ -1,0 +1,128 @@
+"""Async test support: the async drivers, an async engine on a fresh test database, and
+effect-writing async handlers.
+
+Each test runs its coroutine with :func:`run` (``asyncio.run``: no pytest plugin needed) and
+makes its engine inside it, because an asyncio connection pool belongs to one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
+
+from inbox import Message
+from inbox.aio import AsyncInbox
+from support.databases import Database, effects, fresh_database
+
+T = TypeVar("T")
+
+ASYNC_DRIVERS: dict[str, tuple[str, str]] = {
+    # id: (the backend of the fresh database, the async driver name)
+    "aiosqlite": ("sqlite", "aiosqlite"),
+    "psycopg-async": ("postgresql", "psycopg"),
+    "asyncpg": ("postgresql", "asyncpg"),
+    "asyncmy": ("mariadb", "asyncmy"),
+}
+"""Every async driver the suite runs on, by test id."""
+
+SERVER_DRIVERS = ("psycopg-async", "asyncpg", "asyncmy")
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on a fresh event loop."""
+    return asyncio.run(main)
+
+
+def async_url(db: Database, driver: str) -> tuple[str, dict[str, Any]]:
+    """The URL (and connect_args) of ``db`` for the async ``driver``."""
+    url = make_url(db.url)
+    connect_args: dict[str, Any] = {}
+    if driver == "asyncpg":
+        # asyncpg takes server settings as a keyword, not libpq's "options" parameter.
+        options = str(url.query.get("options", ""))
+        url = url.difference_update_query(["options"])
+        if options.startswith("-csearch_path="):
+            connect_args["server_settings"] = {"search_path": options.split("=", 1)[1]}
+    backend = url.get_backend_name()
+    url = url.set(drivername=f"{backend}+{driver}")
+    return url.render_as_string(hide_password=False), connect_args
+
+
+@asynccontextmanager
+async def async_engine(db: Database, driver: str, **options: Any) -> AsyncIterator[AsyncEngine]:
+    """An async engine on ``db`` through ``driver``, disposed on exit."""
+    url, connect_args = async_url(db, driver)
+    engine = _create_async_engine(url, connect_args=connect_args, **options)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def record_effect(message: Message, session: AsyncSession, handler: str) -> None:
+    """The business effect every async test handler commits: one row in ``effects``."""
+    ref = str(message.body["ref"]) if isinstance(message.body, dict) else str(message.id)
+    await session.execute(insert(effects).values(ref=ref, handler=handler))
+
+
+class AsyncRecorder:
+    """Registers effect-writing async handlers on an AsyncInbox and counts their runs."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], **options: Any) -> None:
+        self.inbox = AsyncInbox(sessions, **options)
+        self.calls: Counter[str] = Counter()
+        self.fail: dict[str, int] = {}
+
+    def add(
+        self,
+        name: str,
+        message_type: str | None = None,
+        *,
+        key: Callable[[Message], object] | None = None,
+    ) -> None:
+        """A handler ``name`` that writes one effect, failing while ``self.fail[name] > 0``."""
+
+        async def handler(message: Message, session: AsyncSession) -> None:
+            self.calls[name] += 1
+            await record_effect(message, session, name)
+            if self.fail.get(name, 0) > 0:
+                self.fail[name] -= 1
+                raise RuntimeError(f"{name} failed on purpose")
+
+        self.inbox.handler(message_type, name=name, key=key)(handler)  # type: ignore[arg-type]
+
+
+@dataclass
+class AsyncDatabase:
+    """A fresh test database (see :func:`support.databases.fresh_database`) reached through
+    an async driver; the blocking ``db`` is there for setting up and counting."""
+
+    db: Database
+    driver: str
+
+    def engine(self, **options: Any) -> AbstractAsyncContextManager[AsyncEngine]:
+        """An async engine on this database, disposed on exit."""
+        return async_engine(self.db, self.driver, **options)
+
+
+def fresh_async_database(
+    driver_id: str, admin: dict[str, Engine], tmp_path: Path
+) -> Iterator[AsyncDatabase]:
+    """A fresh database for the async driver ``driver_id`` (a key of ASYNC_DRIVERS)."""
+    backend, driver = ASYNC_DRIVERS[driver_id]
+    databases = fresh_database(backend, admin, tmp_path)
+    db = next(databases)
+    try:
+        yield AsyncDatabase(db, driver)
+    finally:
+        databases.close()

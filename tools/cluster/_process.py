@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["ClusterError", "Fatal", "free_ports", "kill_group", "run", "wait_until"]
+__all__ = ["ClusterError", "Fatal", "Watchdog", "free_ports", "kill_group", "run", "wait_until"]
 
 
 class ClusterError(RuntimeError):
@@ -100,3 +100,45 @@ def kill_group(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> No
         process.wait(timeout)
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"process {process.pid} survived SIGKILL") from exc
+
+
+_WATCHDOG = (
+    'while kill -0 "$1" 2>/dev/null; do sleep 1; done; '
+    'for g in $(cat "$2/pgids" 2>/dev/null); do kill -KILL "-$g" 2>/dev/null; done; '
+    'rm -rf "$2"'
+)
+
+
+class Watchdog:
+    """Kills a cluster's servers if the process that started them dies without tearing
+    them down (SIGKILL, a test timeout): a shell polling that process every second, which
+    then SIGKILLs the process groups listed in ``root/pgids`` and removes ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.groups: set[int] = set()
+        self._shell = subprocess.Popen(
+            ["sh", "-c", _WATCHDOG, "cluster-watchdog", str(os.getpid()), str(root)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def watch(self, process: subprocess.Popen[bytes]) -> None:
+        """Add the process group ``process`` leads."""
+        self.groups.add(process.pid)
+        self._write()
+
+    def forget(self, process: subprocess.Popen[bytes]) -> None:
+        """Drop a group that is gone (so a reused id is never killed)."""
+        self.groups.discard(process.pid)
+        self._write()
+
+    def close(self) -> None:
+        """Stop watching (the caller has torn everything down itself)."""
+        self._shell.kill()
+        self._shell.wait(10)
+
+    def _write(self) -> None:
+        (self.root / "pgids").write_text("".join(f"{g}\n" for g in sorted(self.groups)))

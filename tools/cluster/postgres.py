@@ -41,7 +41,15 @@ from typing import Self
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.cluster._process import ClusterError, Fatal, free_ports, kill_group, run, wait_until
+from tools.cluster._process import (
+    ClusterError,
+    Fatal,
+    Watchdog,
+    free_ports,
+    kill_group,
+    run,
+    wait_until,
+)
 
 __all__ = ["PgNode", "PostgresPair"]
 
@@ -98,6 +106,7 @@ class PostgresPair:
         self.synchronous = synchronous
         self.bin = pg_bin()
         self.root = Path(tempfile.mkdtemp(prefix="inbox-pg-pair-"))
+        self._watchdog = Watchdog(self.root)
         account = pwd.getpwnam(USER)
         self._ids = account.pw_uid, account.pw_gid
         os.chown(self.root, *self._ids)
@@ -134,8 +143,8 @@ class PostgresPair:
         """Kill both servers and remove every file the pair wrote."""
         for node in self.nodes:
             if node.process is not None:
-                kill_group(node.process)
-                node.process = None
+                self._end(node)
+        self._watchdog.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Self:
@@ -184,8 +193,7 @@ class PostgresPair:
         """SIGKILL every process of the primary at once: a crash, nothing flushed or sent."""
         if self.primary.process is None:
             raise ClusterError("the primary is not running")
-        kill_group(self.primary.process)
-        self.primary.process = None
+        self._end(self.primary)
 
     def promote(self) -> None:
         """Promote the standby; the roles swap (the old primary is left stopped)."""
@@ -212,8 +220,7 @@ class PostgresPair:
         """Replace the stopped node's data with a fresh clone of the primary and stream again
         (with ``synchronous=True`` commits resume only once it streams)."""
         if self.standby.process is not None:
-            kill_group(self.standby.process)
-            self.standby.process = None
+            self._end(self.standby)
         shutil.rmtree(self.standby.data, ignore_errors=True)
         with contextlib.suppress(ClusterError):  # a slot left from an earlier clone
             self.sql(self.primary, f"SELECT pg_drop_replication_slot('{self.standby.name}')")
@@ -232,6 +239,12 @@ class PostgresPair:
         return unavailable
 
     # -- internals ---------------------------------------------------------------------
+
+    def _end(self, node: PgNode) -> None:
+        if node.process is not None:
+            kill_group(node.process)
+            self._watchdog.forget(node.process)
+            node.process = None
 
     def _role_settings(self, node: PgNode) -> list[str]:
         settings = [f"port={node.port}", f"unix_socket_directories={node.directory}",
@@ -254,6 +267,7 @@ class PostgresPair:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._watchdog.watch(node.process)
 
         def ready() -> bool:
             if not node.running:

@@ -37,7 +37,15 @@ from typing import Self
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.cluster._process import ClusterError, Fatal, free_ports, kill_group, run, wait_until
+from tools.cluster._process import (
+    ClusterError,
+    Fatal,
+    Watchdog,
+    free_ports,
+    kill_group,
+    run,
+    wait_until,
+)
 
 __all__ = ["RabbitCluster", "RabbitNode"]
 
@@ -76,6 +84,7 @@ class RabbitCluster:
         if not (RABBIT_BIN / "rabbitmq-server").exists():
             raise ClusterError(f"rabbitmq-server not found in {RABBIT_BIN} (set RABBITMQ_BIN)")
         self.root = Path(tempfile.mkdtemp(prefix="inbox-rabbit-cluster-"))
+        self._watchdog = Watchdog(self.root)
         ports = free_ports(size, first_port)
         tag = secrets.token_hex(2)
         self.nodes = [
@@ -117,8 +126,8 @@ class RabbitCluster:
         """Kill every node this cluster started and remove its directory."""
         for node in self.nodes:
             if node.process is not None:
-                kill_group(node.process)
-                node.process = None
+                self._end(node)
+        self._watchdog.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Self:
@@ -175,16 +184,14 @@ class RabbitCluster:
         self._tool("rabbitmqctl", "-n", node.name, "stop", timeout=120)
         if node.process is not None:
             node.process.wait(60)
-            kill_group(node.process)  # the wrapper's leftovers, if any
-            node.process = None
+            self._end(node)  # the wrapper's leftovers, if any
 
     def kill_node(self, name: str) -> None:
         """SIGKILL a node's whole process group: a crash, no goodbye to its peers or clients."""
         node = self.node(name)
         if node.process is None:
             raise ClusterError(f"node {name} is not running")
-        kill_group(node.process)
-        node.process = None
+        self._end(node)
 
     def start_node(self, name: str) -> None:
         """Start a stopped or killed node again; return once it runs in the cluster."""
@@ -198,6 +205,12 @@ class RabbitCluster:
         )
 
     # -- internals ---------------------------------------------------------------------
+
+    def _end(self, node: RabbitNode) -> None:
+        if node.process is not None:
+            kill_group(node.process)
+            self._watchdog.forget(node.process)
+            node.process = None
 
     def _env(self, node: RabbitNode | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
@@ -253,6 +266,7 @@ class RabbitCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._watchdog.watch(node.process)
 
     def _await(self, node: RabbitNode) -> None:
         def booted() -> bool:

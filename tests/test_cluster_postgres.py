@@ -162,3 +162,26 @@ def test_an_asynchronous_commit_acknowledged_before_the_standby_had_it_is_lost(
     # a lost message. This is what asynchronous replication costs, measured in docs/cluster.md.
     assert not _present(async_pair, 7)
     assert async_pair.promotions == 1
+
+
+def test_a_cancelled_synchronous_wait_acknowledges_a_commit_the_standby_lacks(
+    sync_pair: PostgresPair,
+) -> None:
+    """The one hole in synchronous replication (documented in docs/cluster.md): a COMMIT
+    whose wait for the standby is cancelled (``pg_cancel_backend``) returns success with a
+    warning only. A worker would ack it; if the primary then dies, the message is lost."""
+    receiver = _freeze_wal_receiver(sync_pair)
+    notices: list[str | None] = []
+    with _connect(sync_pair.primary) as connection:
+        connection.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+        backend = connection.info.backend_pid
+        connection.execute("INSERT INTO claim VALUES (7)")
+        cancel = threading.Timer(
+            1.0, sync_pair.sql, (sync_pair.primary, f"SELECT pg_cancel_backend({backend})")
+        )
+        cancel.start()
+        connection.commit()  # returns: no error reaches the caller
+        cancel.join()
+    assert any("canceling wait for synchronous replication" in (n or "") for n in notices)
+    _crash_and_promote(sync_pair, receiver)
+    assert not _present(sync_pair, 7)

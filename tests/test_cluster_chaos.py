@@ -7,7 +7,6 @@ doubled or lost. (Soaks and the asynchronous measurement: docs/cluster.md.)"""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +22,17 @@ HARNESS = ROOT / "tools" / "chaos" / "run.py"
 
 def test_chaos_on_a_rabbitmq_cluster_and_a_failing_over_postgresql(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
+    from tools.cluster._process import ClusterError
     from tools.cluster.postgres import pg_bin
     from tools.cluster.rabbit import RABBIT_BIN
 
-    if not (RABBIT_BIN / "rabbitmq-server").exists() or shutil.which("psql") is None:
-        cannot_run("rabbitmq-server or the PostgreSQL binaries are not installed")
-    assert (pg_bin() / "pg_basebackup").exists()
+    try:
+        postgres_bin = pg_bin()
+    except ClusterError as exc:
+        cannot_run(str(exc))
+    needed = [RABBIT_BIN / "rabbitmq-server", postgres_bin / "pg_basebackup", postgres_bin / "psql"]
+    if missing := [str(path) for path in needed if not path.exists()]:
+        cannot_run(f"cluster tools not installed: {missing}")
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [

@@ -10,7 +10,6 @@ not written), so each outcome is deterministic rather than a race.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -36,9 +35,9 @@ def _pair(synchronous: bool) -> Iterator[PostgresPair]:
         binaries = pg_bin()
     except ClusterError as exc:
         cannot_run(str(exc))
-    missing = [b for b in ("initdb", "postgres", "pg_basebackup") if not (binaries / b).exists()]
-    if missing or shutil.which("psql") is None:
-        cannot_run(f"PostgreSQL server binaries missing in {binaries}: {missing or ['psql']}")
+    needed = ("initdb", "postgres", "pg_ctl", "pg_basebackup", "psql", "pg_isready")
+    if missing := [b for b in needed if not (binaries / b).exists()]:
+        cannot_run(f"PostgreSQL server binaries missing in {binaries}: {missing}")
     with PostgresPair(synchronous=synchronous) as pair:
         pair.sql(pair.primary, "CREATE TABLE claim (id int PRIMARY KEY)")
         yield pair

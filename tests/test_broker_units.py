@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import ast
+import bz2
 import json
+import lzma
 import subprocess
 import sys
+import time
+import tracemalloc
+import zlib
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import inbox
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
 from inbox.broker import headers as h
+from inbox.broker._forwarder import Forwarder
+from inbox.broker._inbound import decompress
+from inbox.broker._stats import WorkerStats
 from inbox.broker.codec import UndecodableBody, decode_body, encode_body
 
 JSON = "application/json"
@@ -184,3 +196,154 @@ def test_the_core_imports_no_kombu_and_the_broker_edge_no_sqlalchemy() -> None:
                 assert name.split(".")[0] not in (forbidden, "amqp" if not in_broker else ""), (
                     f"{path.relative_to(package)} imports {name}"
                 )
+
+
+# --- The forwarder's confirm bookkeeping (issue 15, bug 7), with a scripted channel ---------
+
+
+class ScriptedChannel:
+    """Stands in for a py-amqp channel in confirm mode: records publishes; the connection
+    plays the broker's answers to each publish from a script."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, set[Any]] = defaultdict(set)
+        self.published: list[str] = []
+
+    def confirm_select(self) -> None:
+        pass
+
+    def prepare_message(self, body: bytes, *args: Any) -> Any:
+        return SimpleNamespace(body=body, _serialize_properties=lambda: b"")
+
+    def basic_publish(self, message: Any, exchange: str, routing_key: str, **_: Any) -> None:
+        self.published.append(routing_key)
+
+    def fire(self, event: str, *args: Any) -> None:
+        for callback in list(self.events[event]):
+            callback(*args)
+
+
+class ScriptedConnection:
+    def __init__(self, channel: ScriptedChannel, script: list[list[tuple[Any, ...]]]) -> None:
+        self.channel = channel
+        self.script = script  # for each publish: the frames the broker sends back
+        self.connection = SimpleNamespace(frame_max=131072)
+        self.during_wait: Callable[[], None] | None = None
+
+    def drain_events(self, timeout: float | None = None) -> None:
+        if self.during_wait is not None:
+            hook, self.during_wait = self.during_wait, None
+            hook()
+        if not self.script or not self.script[0]:
+            raise TimeoutError
+        event = self.script[0].pop(0)
+        if not self.script[0]:
+            self.script.pop(0)
+        self.channel.fire(*event)
+
+
+class FakeDelivery:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.acked = 0
+        self.body = b"{}"
+        self.content_type = "application/json"
+        self.content_encoding = "utf-8"
+        self.properties = {"message_id": name}
+        self.headers: dict[str, Any] = {}
+
+    def ack(self) -> None:
+        self.acked += 1
+
+    def requeue(self) -> None:
+        raise AssertionError("not expected")
+
+
+def forwarder(script: list[list[tuple[Any, ...]]]) -> tuple[Forwarder, ScriptedConnection]:
+    channel = ScriptedChannel()
+    connection = ScriptedConnection(channel, script)
+    sent = Forwarder(WorkerStats(), confirms=True, confirm_timeout=0.5)
+    sent.attach(connection, channel)
+    return sent, connection
+
+
+def test_a_confirm_for_another_publish_is_never_credited_to_the_one_waiting() -> None:
+    # The broker acks some other tag (a stale publish), then nacks ours: ours is refused,
+    # kept unacked and held; acking the original would lose the message.
+    sent, _ = forwarder([[("basic_ack", 7, False), ("basic_nack", 1, False)]])
+    delivery = FakeDelivery("m1")
+    sent.forward(delivery, "q.retry.1000ms", "q.dlq", {})  # type: ignore[arg-type]
+    assert delivery.acked == 0
+    assert sent.holding == 1
+
+
+def test_each_copy_is_acked_only_on_its_own_confirm_multiple_acks_included() -> None:
+    sent, _ = forwarder([[("basic_ack", 1, False)], [("basic_ack", 2, True)]])
+    first, second = FakeDelivery("m1"), FakeDelivery("m2")
+    sent.forward(first, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    sent.forward(second, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    assert (first.acked, second.acked, sent.holding) == (1, 1, 0)
+
+
+def test_a_returned_copy_is_refused_even_though_the_broker_acks_it() -> None:
+    no_queue = Exception("NO_ROUTE")
+    sent, _ = forwarder([[("basic_return", no_queue, "", "q.dlq", None), ("basic_ack", 1, False)]])
+    delivery = FakeDelivery("m1")
+    sent.forward(delivery, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    assert (delivery.acked, sent.holding) == (0, 1)
+
+
+def test_a_copy_published_while_another_waits_for_its_confirm_is_refused_loudly() -> None:
+    sent, connection = forwarder([[("basic_ack", 1, False)]])
+    inner = FakeDelivery("m2")
+
+    def reentrant() -> None:
+        sent.forward(inner, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+
+    connection.during_wait = reentrant
+    with pytest.raises(RuntimeError, match="while another waited for its confirm"):
+        sent.forward(FakeDelivery("m1"), "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    assert inner.acked == 0
+
+
+def test_a_confirm_that_never_comes_ends_the_wait_instead_of_wedging_the_worker() -> None:
+    sent, _ = forwarder([])
+    delivery = FakeDelivery("m1")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no publisher confirm"):
+        sent.forward(delivery, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+    assert delivery.acked == 0
+
+
+# --- Bounded decompression (issue 15, bug 9) ------------------------------------------------
+
+
+def test_decompression_stops_at_the_bound_without_inflating_a_bomb() -> None:
+    compressor = zlib.compressobj(9)
+    bomb = b"".join(
+        [*(compressor.compress(bytes(1 << 20)) for _ in range(256)), compressor.flush()]
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="more than 4194304 bytes"):
+            decompress(bomb, "application/x-gzip", limit=4 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # a 256 MiB bomb, never more than a few MiB held
+
+
+@pytest.mark.parametrize(
+    ("name", "compress"),
+    [("application/x-gzip", zlib.compress), ("bzip2", bz2.compress), ("xz", lzma.compress)],
+)
+def test_bodies_compressed_the_kombu_ways_decompress(
+    name: str, compress: Callable[[bytes], bytes]
+) -> None:
+    body = b'{"ref": 1}' * 1000
+    assert decompress(compress(body), name) == body
+    with pytest.raises(ValueError, match=r"truncated|cannot decompress"):
+        decompress(compress(body)[:20], name)
+    with pytest.raises(ValueError, match="unsupported compression"):
+        decompress(body, "application/x-brotli")

@@ -20,12 +20,7 @@ from typing import TextIO
 
 from kombu.connection import Connection
 
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.codec import JSON
-from inbox.broker.connection import safe_uri
-from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
-from inbox.broker.worker import Worker
-from inbox.cli import (
+from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
     EXIT_USAGE,
@@ -34,6 +29,11 @@ from inbox.cli import (
     mask_urls,
     whole_number,
 )
+from inbox.broker._signals import install_signal_handlers
+from inbox.broker.codec import JSON
+from inbox.broker.connection import safe_uri
+from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
+from inbox.broker.worker import Worker
 from inbox.core import Inbox
 from inbox.errors import SessionConfigurationError, UnsupportedDialect
 

@@ -12,7 +12,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["ClusterError", "Fatal", "Watchdog", "free_ports", "kill_group", "run", "wait_until"]
+__all__ = [
+    "ClusterError",
+    "Fatal",
+    "Watchdog",
+    "free_ports",
+    "kill_group",
+    "kill_tree",
+    "run",
+    "wait_until",
+]
 
 
 class ClusterError(RuntimeError):
@@ -100,6 +109,53 @@ def kill_group(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> No
         process.wait(timeout)
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"process {process.pid} survived SIGKILL") from exc
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def kill_tree(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> None:
+    """Crash ``process`` and every process below it at one instant: all are stopped
+    (SIGSTOP, so none sends or commits anything more), then all SIGKILLed, then reaped.
+
+    For servers whose children leave the process group (PostgreSQL's backends call
+    ``setsid``), where :func:`kill_group` would kill the parent alone and leave the rest
+    running for a moment."""
+    frozen: list[int] = []
+    pending = [process.pid]
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+            pending.extend(_children(pid))
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    kill_group(process, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in frozen[1:]):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"processes {frozen} survived SIGKILL")
+        time.sleep(0.05)
 
 
 _WATCHDOG = (

@@ -46,7 +46,7 @@ from tools.cluster._process import (
     Fatal,
     Watchdog,
     free_ports,
-    kill_group,
+    kill_tree,
     run,
     wait_until,
 )
@@ -242,7 +242,7 @@ class PostgresPair:
 
     def _end(self, node: PgNode) -> None:
         if node.process is not None:
-            kill_group(node.process)
+            kill_tree(node.process)
             self._watchdog.forget(node.process)
             node.process = None
 

@@ -29,7 +29,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import (
     Column,
@@ -39,7 +38,6 @@ from sqlalchemy import (
     String,
     Table,
     create_engine,
-    event,
     func,
     insert,
     make_url,
@@ -163,15 +161,9 @@ def _own_database(database_url: str) -> Iterator[Engine]:
             with admin.connect() as connection:
                 connection.execute(CreateSchema(name))  # CREATE DATABASE, in MySQL's words
         if backend == "postgresql":
-            engine = create_engine(url)
-
-            @event.listens_for(engine, "connect")
-            def use_schema(dbapi_connection: Any, record: Any) -> None:
-                cursor = dbapi_connection.cursor()
-                cursor.execute(f'SET search_path TO "{name}"')  # a name made above, not input
-                cursor.close()
-                dbapi_connection.commit()
-
+            # Every table without a schema (the demo's) is put into the demo's own.
+            translate = {"schema_translate_map": {None: name}}
+            engine = create_engine(url, execution_options=translate)
         else:
             engine = create_engine(url.set(database=name) if own else url)
             business.drop_all(engine)

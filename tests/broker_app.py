@@ -25,9 +25,9 @@ import sys
 import time
 from typing import Final
 
-from helpers import record_effect
 from sqlalchemy import create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from support.effects import record_effect
 
 from inbox import Inbox, Message
 

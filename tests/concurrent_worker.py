@@ -13,9 +13,9 @@ import sys
 import time
 from collections import Counter
 
-from conftest import effects
 from sqlalchemy import create_engine, insert
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import effects
 
 from inbox import Inbox, Message
 

@@ -27,18 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Database, Rabbit, cannot_run, fresh_database
-from helpers import record_effect
 from kombu import Connection
 from sqlalchemy.orm import Session
-from support.worker import run_in_thread, run_until_idle
-from test_broker_crash import (
+from support.databases import Database, cannot_run, fresh_database
+from support.effects import record_effect
+from support.rabbit import Rabbit
+from support.worker import (
     TESTS_DIR,
     WorkerProcess,
     declare,
     effects_by_ref,
     publish,
     queue_counts,
+    run_in_thread,
+    run_until_idle,
     worker_command,
 )
 

@@ -20,11 +20,12 @@ from typing import Any
 
 import pika
 import pytest
-from conftest import Database, Rabbit
-from helpers import record_effect
 from kombu import Connection
 from sqlalchemy import text
 from sqlalchemy.orm import Session
+from support.databases import Database
+from support.effects import record_effect
+from support.rabbit import Rabbit
 from support.worker import run_until_idle
 
 from inbox import Inbox, Message, PublishError

@@ -10,11 +10,9 @@ duplicate or requeued for ever leaves the queue undrained.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,9 +22,20 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from conftest import Database, Rabbit, cannot_run
-from helpers import record_effect
 from sqlalchemy.orm import Session
+from support.databases import Database, cannot_run
+from support.effects import record_effect
+from support.rabbit import Rabbit
+from support.worker import (
+    TESTS_DIR,
+    TIMEOUT,
+    WorkerProcess,
+    declare,
+    effects_by_ref,
+    publish,
+    queue_counts,
+    worker_command,
+)
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, RetryPolicy, Worker
@@ -36,17 +45,9 @@ from inbox.message import uuid7
 
 pytestmark = pytest.mark.slow
 
-TESTS_DIR: Final = Path(__file__).resolve().parent
 HANDLER: Final = "ops.apply"
 RETRY_DELAYS: Final = "0.2,0.5"
 MAX_TRIES: Final = "5"
-TIMEOUT: Final = 25.0  # seconds any one wait may take before the test fails
-STATS_LINE: Final = re.compile(
-    r"worker stopped: deliveries=(?P<deliveries>\d+) acked=(?P<acked>\d+) "
-    r"failed_tries=(?P<failed_tries>\d+) retried=(?P<retried>\d+) "
-    r"dead_lettered=(?P<dead_lettered>\d+).* requeued=(?P<requeued>\d+); "
-    r"handler runs: processed=(?P<processed>\d+) duplicates=(?P<duplicates>\d+)"
-)
 _APP_ENV: Final = (
     "BROKER_APP_SLOW",
     "BROKER_APP_STARTED_FILE",
@@ -54,60 +55,6 @@ _APP_ENV: Final = (
     "BROKER_APP_KILL_AFTER_COMMIT",
     "BROKER_APP_MARKER",
 )
-
-
-def worker_command() -> list[str]:
-    """The ``inbox-worker`` console script next to this Python, else the same via ``-c``."""
-    script = Path(sys.executable).with_name("inbox-worker")
-    if script.exists():
-        return [str(script)]
-    return [
-        sys.executable,
-        "-c",
-        "import sys; from inbox.broker.cli import worker_main; sys.exit(worker_main())",
-    ]
-
-
-@dataclass
-class WorkerProcess:
-    """One ``inbox-worker`` subprocess; its stderr (the log) goes to ``log_path``."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait(self, timeout: float = TIMEOUT) -> int:
-        """The exit code once the process ended (negative: killed by that signal)."""
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.name} still running after {timeout} s\n{self.tail()}")
-
-    def terminate(self, timeout: float = TIMEOUT) -> int:
-        """SIGTERM, then the exit code."""
-        self.process.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def stats(self) -> dict[str, int]:
-        """The counters of the worker's final ``worker stopped:`` line."""
-        found = STATS_LINE.search(self.log())
-        assert found is not None, f"{self.name} logged no final stats\n{self.tail()}"
-        return {key: int(value) for key, value in found.groupdict().items()}
-
-    def count_in_log(self, text: str) -> int:
-        return self.log().count(text)
-
-    def tail(self, lines: int = 30) -> str:
-        return f"--- {self.name} log (last {lines} lines) ---\n" + "\n".join(
-            self.log().splitlines()[-lines:]
-        )
 
 
 @dataclass
@@ -196,57 +143,14 @@ def wait_for(
         time.sleep(0.05)
 
 
-def declare(rabbit: Rabbit, queue: str) -> None:
-    """Declare the consumed queue as the worker does, so messages can be published first."""
-    with rabbit.connection() as connection, connection.channel() as channel:
-        channel.queue_declare(queue=queue, durable=True, auto_delete=False)
-
-
 def publish_after_declare(rabbit: Rabbit, queue: str, refs: Sequence[str]) -> dict[str, uuid.UUID]:
     declare(rabbit, queue)
     return publish(rabbit, queue, refs)
 
 
-def publish(rabbit: Rabbit, queue: str, refs: Sequence[str]) -> dict[str, uuid.UUID]:
-    """Publish one ``op`` message per ref, in order; ref -> message id."""
-    with Publisher(rabbit.url, routing_key=queue) as publisher:
-        return {ref: publisher.publish("op", {"ref": ref}) for ref in refs}
-
-
-def queue_counts(rabbit: Rabbit) -> dict[str, tuple[int, int]]:
-    """Every queue of this test: name -> (ready, unacked), as the broker counts them."""
-    listed = subprocess.run(
-        [
-            "rabbitmqctl",
-            "list_queues",
-            "--quiet",
-            "--no-table-headers",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    counts: dict[str, tuple[int, int]] = {}
-    for line in listed.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0].startswith(rabbit.prefix):
-            counts[parts[0]] = (int(parts[1]), int(parts[2]))
-    return counts
-
-
 def settled(rabbit: Rabbit) -> bool:
     """No message ready or unacked in any queue of the test (retry and dead letters too)."""
     return all(count == (0, 0) for count in queue_counts(rabbit).values())
-
-
-def effects_by_ref(db: Database) -> dict[str, int]:
-    counts = db.effect_counts()
-    assert {handler for _, handler in counts} <= {HANDLER}
-    return {ref: n for (ref, _), n in counts.items()}
 
 
 def wait_drained(db: Database, rabbit: Rabbit, queue: str, refs: set[str], pool: Workers) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Rabbit
 from kombu import Connection
 from kombu import Queue as KombuQueue
+from support.rabbit import Rabbit
 
 from inbox.broker import Publisher
 from inbox.broker.cli import BROKER_URL_ENV, worker_main

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import random
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -29,7 +30,7 @@ from typing import Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.cluster._process import ClusterError
+from tools.cluster._process import ClusterError, Watchdog
 from tools.cluster.postgres import PostgresPair
 from tools.cluster.rabbit import RabbitCluster
 
@@ -56,6 +57,7 @@ class ClusterMode:
         self._stack = ExitStack()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._workers_watchdog: Watchdog | None = None
 
     def __enter__(self) -> Self:
         with ExitStack() as stack:
@@ -137,6 +139,22 @@ class ClusterMode:
             if self._thread.is_alive():
                 self.errors.append("the fault thread did not finish within 300 s")
             self._thread = None
+
+    def track_workers(self, pids: set[int], marker: str) -> None:
+        """Have the workers SIGKILLed too if the harness dies without its teardown (their
+        cluster would be gone, and a worker retries a lost broker for ever)."""
+        if self._workers_watchdog is None:
+            self._workers_watchdog = Watchdog(
+                Path(tempfile.mkdtemp(prefix="chaos-workers-")), marker
+            )
+            self._stack.callback(self._workers_watchdog.close)
+        self._workers_watchdog.watch_pids(pids)
+
+    def abort(self) -> None:
+        """Kill the clusters now: a fault failed and a sync primary without its standby
+        would hold every commit (the teardown's too) for ever."""
+        self._stop.set()
+        self._stack.close()
 
     def _inject(self, kind: str, rng: random.Random, vhost: str, queue: str) -> None:
         if kind == "pg_failover":

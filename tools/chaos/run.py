@@ -386,6 +386,11 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             now = time.monotonic()
             if now - started > settings.timeout:
                 raise SystemExit(f"chaos: not settled after {settings.timeout} s")
+            if mode:
+                mode.track_workers({p.pid for p in workers.processes}, application_name)
+            if mode and mode.errors:
+                mode.abort()
+                raise SystemExit(f"chaos: a cluster fault failed: {mode.errors[0]}")
             counts = ledger(engine)
             settled = published.is_set() and (may_lose or len(counts) >= settings.ops - len(poison))
             if settled:

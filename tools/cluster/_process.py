@@ -19,6 +19,7 @@ __all__ = [
     "free_ports",
     "kill_group",
     "kill_tree",
+    "port_free",
     "run",
     "wait_until",
 ]
@@ -38,12 +39,13 @@ def free_ports(count: int, start: int, stop: int = 40000) -> list[int]:
     A block of consecutive ports keeps the layout readable (node 1, 2, 3 = base + 0, 1, 2).
     """
     for base in range(start, stop - count):
-        if all(_free(port) for port in range(base, base + count)):
+        if all(port_free(port) for port in range(base, base + count)):
             return list(range(base, base + count))
     raise ClusterError(f"no {count} free consecutive ports between {start} and {stop}")
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """True when nothing listens on loopback ``port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -161,6 +163,9 @@ def kill_tree(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> Non
 _WATCHDOG = (
     'while kill -0 "$1" 2>/dev/null; do sleep 1; done; '
     'for g in $(cat "$2/pgids" 2>/dev/null); do kill -KILL "-$g" 2>/dev/null; done; '
+    'for p in $(cat "$2/pids" 2>/dev/null); do '
+    '  grep -qa "$3" "/proc/$p/environ" 2>/dev/null && kill -KILL "$p"; '
+    "done; "
     'rm -rf "$2"'
 )
 
@@ -168,13 +173,16 @@ _WATCHDOG = (
 class Watchdog:
     """Kills a cluster's servers if the process that started them dies without tearing
     them down (SIGKILL, a test timeout): a shell polling that process every second, which
-    then SIGKILLs the process groups listed in ``root/pgids`` and removes ``root``."""
+    then SIGKILLs the process groups listed in ``root/pgids``, the processes listed in
+    ``root/pids`` whose environment holds ``marker`` (so a reused id is never hit), and
+    removes ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, marker: str = "") -> None:
         self.root = root
         self.groups: set[int] = set()
+        self.pids: set[int] = set()
         self._shell = subprocess.Popen(
-            ["sh", "-c", _WATCHDOG, "cluster-watchdog", str(os.getpid()), str(root)],
+            ["sh", "-c", _WATCHDOG, "cluster-watchdog", str(os.getpid()), str(root), marker],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -190,6 +198,12 @@ class Watchdog:
         """Drop a group that is gone (so a reused id is never killed)."""
         self.groups.discard(process.pid)
         self._write()
+
+    def watch_pids(self, pids: set[int]) -> None:
+        """Replace the list of single processes (checked against the marker) to kill."""
+        if pids != self.pids:
+            self.pids = set(pids)
+            (self.root / "pids").write_text("".join(f"{p}\n" for p in sorted(self.pids)))
 
     def close(self) -> None:
         """Stop watching (the caller has torn everything down itself)."""

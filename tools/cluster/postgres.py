@@ -47,6 +47,7 @@ from tools.cluster._process import (
     Watchdog,
     free_ports,
     kill_tree,
+    port_free,
     run,
     wait_until,
 )
@@ -256,6 +257,7 @@ class PostgresPair:
 
     def _launch(self, node: PgNode) -> None:
         log = node.directory / "server.log"
+        wait_until(lambda: port_free(node.port), timeout=30, what=f"port {node.port} free")
         with log.open("ab") as out:
             os.chown(log, *self._ids)
             node.process = subprocess.Popen(

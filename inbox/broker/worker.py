@@ -23,6 +23,7 @@ from kombu.mixins import ConsumerMixin
 
 from inbox.broker._dispatch import Dispatcher, Inbound
 from inbox.broker._forwarder import Forwarder
+from inbox.broker._options import check_options
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker._stats import WorkerStats
 from inbox.broker.codec import JSON
@@ -69,7 +70,7 @@ class Worker(ConsumerMixin):
         stats_interval: float | None = 60.0,
         batch_size: int = 1,
     ) -> None:
-        _check_options(inbox, queues, prefetch, batch_size, stats_interval)
+        check_options(inbox, queues, prefetch, batch_size, stats_interval)
         policy = RetryPolicy() if retry is None else retry
         self.connection = consuming_connection(broker)
         self.topologies = tuple(QueueTopology(q, QueueType(queue_type), policy) for q in queues)
@@ -105,7 +106,8 @@ class Worker(ConsumerMixin):
         return bool(self.connection.transport.driver_type == "amqp")
 
     def stop(self) -> None:
-        """Stop cleanly: consuming ends, the deliveries in hand are finished and acked."""
+        """Stop cleanly: the in-flight delivery is finished and acked; the others in hand
+        are requeued, or on quorum queues finished too (a requeue burns a delivery)."""
         self.should_stop = True
 
     def run(self) -> None:  # type: ignore[override]
@@ -225,13 +227,9 @@ class Worker(ConsumerMixin):
         if self._stats_interval is not None and now - self._last_stats >= self._stats_interval:
             self._last_stats = now
             logger.info("worker stats: %s", self.stats.summary())
-        idle = self._idle_timeout
-        if (
-            idle is not None
-            and not self._forwarder.holding
-            and now - self._dispatch.last_activity >= idle
-        ):
-            self.should_stop = True
+        idle = now - self._dispatch.last_activity
+        if self._idle_timeout is not None and idle >= self._idle_timeout:
+            self.should_stop = self.should_stop or not self._forwarder.holding
 
     def on_connection_error(self, exc: Exception, interval: float) -> None:
         """Log a failed (re)connection attempt; kombu retries it after ``interval``."""
@@ -262,15 +260,18 @@ class Worker(ConsumerMixin):
         self._busy = True
         try:
             work()
-            while self._inbound:
-                if self.batch_size == 1:
-                    self._dispatch.handle(*self._inbound.popleft())
-                    continue
-                self._batch.append(self._inbound.popleft())
-                if len(self._batch) >= self.batch_size:
-                    self._flush_batch()
+            self._drain_inbound()
         finally:
             self._busy = False
+
+    def _drain_inbound(self) -> None:
+        while self._inbound:
+            if self.batch_size == 1:
+                self._dispatch.handle(*self._inbound.popleft())
+                continue
+            self._batch.append(self._inbound.popleft())
+            if len(self._batch) >= self.batch_size:
+                self._flush_batch()
 
     def _between_deliveries(self) -> None:
         if self._batch:
@@ -291,8 +292,7 @@ class Worker(ConsumerMixin):
             self._batch.clear()
             self._inbound.clear()
             return
-        self._batch.extend(self._inbound)
-        self._inbound.clear()
+        self._drain_inbound()
         while self._batch:
             self._flush_batch()
 
@@ -314,28 +314,3 @@ class Worker(ConsumerMixin):
     def _declare(self, connection: Connection) -> None:
         for topology in self.topologies:
             declare_topology(connection, topology, passive=not self.declare)
-
-
-def _check_options(
-    inbox: Inbox,
-    queues: Sequence[str],
-    prefetch: int,
-    batch_size: int,
-    stats_interval: float | None,
-) -> None:
-    if not isinstance(inbox, Inbox):
-        raise TypeError(f"inbox must be an inbox.Inbox, got {type(inbox).__name__}")
-    if isinstance(queues, str) or not queues:
-        raise ValueError("queues must be a non-empty sequence of queue names")
-    if len(set(queues)) != len(queues):
-        raise ValueError(f"queues must not repeat a name: {list(queues)}")
-    for name, value in (("prefetch", prefetch), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise ValueError(f"{name} must be an int from 1 to 65535, got {value!r}")
-    if batch_size > prefetch:
-        raise ValueError(
-            f"batch_size ({batch_size}) must not exceed prefetch ({prefetch}): a batch "
-            "fills only from deliveries the broker has already sent"
-        )
-    if stats_interval is not None and stats_interval <= 0:
-        raise ValueError(f"stats_interval must be positive or None, got {stats_interval}")

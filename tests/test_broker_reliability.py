@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 from kombu import Connection
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 from support.databases import Database
 from support.effects import record_effect
@@ -433,3 +434,42 @@ def test_a_compressed_bomb_is_dead_lettered_as_it_came_not_decompressed_in_full(
     assert properties.headers[h.REASON] == "body-too-large"
     assert properties.headers["compression"] == "application/x-gzip"
     assert body == bomb  # the original encoding, a few hundred KiB
+
+
+# --- A handler that ends the inbox's transaction (issue 10) ---------------------------------
+
+
+def test_a_handler_that_commits_under_the_inbox_is_dead_lettered_at_once_as_transaction_ended(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+
+    def commit_then_fail(message: Message) -> None:
+        if message.body["ref"] == "early-commit":
+            session = current_session[0]
+            session.execute(text("COMMIT"))  # the claim is now committed on its own
+            raise RuntimeError("failed after the commit")
+
+    current_session: list[Session] = []
+    inbox = Inbox(pg_db.sessions)
+
+    @inbox.handler("op", name="ops.apply")
+    def apply(message: Message, session: Session) -> None:
+        current_session[:] = [session]
+        record_effect(message, session, "ops.apply")
+        commit_then_fail(message)
+
+    worker = Worker(inbox, rabbit.url, [queue], retry=QUICK, stats_interval=None)
+    worker.prepare()
+    publish_good(rabbit, queue, "early-commit")
+    publish_good(rabbit, queue, "good")
+
+    run_until_idle(worker, IDLE)
+
+    # A retry would find the claim committed and skip the handler as a duplicate: the
+    # message goes to the dead letters on its first try, for a person to reconcile.
+    [dead] = rabbit.take_all(f"{queue}.dlq")
+    assert dead.headers[h.REASON] == "transaction-ended"
+    assert dead.headers[h.TRIES] == 1
+    assert worker.stats.retried == 0
+    assert ("good", "ops.apply") in pg_db.effect_counts()

@@ -19,6 +19,7 @@ from support.aio import (
     SERVER_DRIVERS,
     AsyncDatabase,
     AsyncRecorder,
+    checked_out,
     fresh_async_database,
     record_effect,
     run,
@@ -76,7 +77,7 @@ def test_first_delivery_processes_and_redeliveries_are_duplicates(adb: AsyncData
             assert first.outcomes == {"billing.charge": Outcome.PROCESSED}
             assert again.outcome is third.outcome is Outcome.DUPLICATE
             assert recorder.calls["billing.charge"] == 1
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
         assert adb.db.effect_counts() == {("1", "billing.charge"): 1}
         assert claims(adb) == [(message.id, "billing.charge")]
 
@@ -97,7 +98,7 @@ def test_a_failing_handler_leaves_no_claim_and_its_retry_commits_once(adb: Async
             assert isinstance(failed.value.__cause__, RuntimeError)
             assert claims(adb) == []
             assert adb.db.effect_counts() == {}
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
 
             assert (await recorder.inbox.process(message)).outcome is Outcome.PROCESSED
             assert (await recorder.inbox.process(message)).outcome is Outcome.DUPLICATE
@@ -205,7 +206,7 @@ def test_a_handler_ending_the_transaction_gets_a_clear_error_and_nothing_commits
             error = failed.value.failures["rogue"]
             assert isinstance(error, TransactionControlError)
             assert f"session.{method}()" in str(error)
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
         assert claims(adb) == []
         assert adb.db.effect_counts() == {}
 
@@ -292,7 +293,7 @@ def test_a_swallowed_database_error_never_reports_uncommitted_work_as_processed(
                 assert adb.db.effect_counts() == {}
                 swallow[0] = False
             assert (await inbox.process(message)).outcome is Outcome.PROCESSED
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
         assert len(claims(adb)) == 1
         assert adb.db.effect_counts() == {("1", "sloppy"): 1}
 
@@ -336,7 +337,7 @@ def test_a_batch_gives_one_result_per_message_in_order_and_each_effect_once(
             assert isinstance(results[4], ProcessResult)
             assert results[4].outcome is Outcome.DUPLICATE  # the same message twice
             assert isinstance(results[5], UnhandledMessage)
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
         counts = adb.db.effect_counts()
         assert counts[("poison", "billing.charge")] == 1  # its other handlers committed
         assert ("poison", "picky") not in counts
@@ -374,7 +375,7 @@ def test_fifty_tasks_delivering_the_same_200_messages_commit_each_effect_once(
             recorder = AsyncRecorder(async_sessionmaker(engine))
             recorder.add("billing.charge")
             outcomes = await asyncio.gather(*(deliver(recorder.inbox, n) for n in range(50)))
-            assert engine.pool.checkedout() == 0
+            assert checked_out(engine) == 0
         flat = [outcome for per_task in outcomes for outcome in per_task]
         assert flat.count(Outcome.PROCESSED) == 200
         assert flat.count(Outcome.DUPLICATE) == 200 * 49

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, QueuePool, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
@@ -120,9 +120,31 @@ def fresh_async_database(
 ) -> Iterator[AsyncDatabase]:
     """A fresh database for the async driver ``driver_id`` (a key of ASYNC_DRIVERS)."""
     backend, driver = ASYNC_DRIVERS[driver_id]
-    databases = fresh_database(backend, admin, tmp_path)
-    db = next(databases)
-    try:
+    for db in fresh_database(backend, admin, tmp_path):  # one, dropped when resumed
         yield AsyncDatabase(db, driver)
-    finally:
-        databases.close()
+
+
+def checked_out(engine: AsyncEngine) -> int:
+    """How many connections of ``engine``'s pool are checked out now."""
+    pool = engine.sync_engine.pool
+    assert isinstance(pool, QueuePool), f"expected a queue pool, got {type(pool).__name__}"
+    return pool.checkedout()
+
+
+class KeptSessions:
+    """An async session factory that keeps every session it made, so that a test sees what
+    the inbox left in them: garbage collection cannot quietly return a connection the inbox
+    forgot to give back."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._maker = async_sessionmaker(engine)
+        self.made: list[AsyncSession] = []
+
+    def __call__(self) -> AsyncSession:
+        session = self._maker()
+        self.made.append(session)
+        return session
+
+    def left_open(self) -> list[AsyncSession]:
+        """The sessions still in a transaction."""
+        return [session for session in self.made if session.in_transaction()]

@@ -421,6 +421,9 @@ def test_a_queue_declared_with_another_type_is_refused_at_start(rabbit: Rabbit) 
     Worker(inbox, rabbit.url, [queue], retry=QUICK, queue_type="classic").prepare()
     with pytest.raises(Exception, match="PRECONDITION_FAILED"):
         Worker(inbox, rabbit.url, [queue], retry=QUICK, queue_type="quorum").prepare()
+    # Without retry queues to trip over: the consumed queue's own type is refused too.
+    with pytest.raises(Exception, match=r"PRECONDITION_FAILED.*x-queue-type"):
+        Worker(inbox, rabbit.url, [queue], retry=RetryPolicy((), 1), queue_type="quorum").prepare()
 
 
 def test_stop_from_another_thread_finishes_the_in_flight_message(

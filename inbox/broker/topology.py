@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +42,7 @@ DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
 DEFAULT_MAX_TRIES: Final = 4
 _MAX_QUEUE_NAME_BYTES: Final = 255
 _PRECONDITION_FAILED: Final = 406
+_DEAD_LETTER_ARG: Final = r"inequivalent arg 'x-dead-letter-(exchange|routing-key)'"
 
 logger = logging.getLogger("inbox.worker")
 
@@ -184,7 +186,7 @@ def declare_topology(connection: Connection, topology: QueueTopology, *, passive
             try:
                 queue(channel).declare()
             except connection.channel_errors as exc:
-                if queue.name != topology.name or _reply_code(exc) != _PRECONDITION_FAILED:
+                if queue.name != topology.name or not _only_dead_lettering_differs(exc):
                     raise
                 channel = connection.channel()  # the refusal closed the other one
                 queue(channel).queue_declare(passive=True)
@@ -204,6 +206,8 @@ def declare_topology(connection: Connection, topology: QueueTopology, *, passive
         channel.close()
 
 
-def _reply_code(exc: BaseException) -> int | None:
+def _only_dead_lettering_differs(exc: BaseException) -> bool:
+    # RabbitMQ names the first argument that differs; another type or TTL stays refused.
     code = getattr(exc, "reply_code", None) or getattr(exc, "code", None)
-    return code if isinstance(code, int) else None
+    text = str(getattr(exc, "reply_text", None) or exc)
+    return code == _PRECONDITION_FAILED and re.search(_DEAD_LETTER_ARG, text) is not None

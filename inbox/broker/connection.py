@@ -19,7 +19,7 @@ def consuming_connection(broker: str | Connection) -> Connection:
         raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
     options: dict[str, Any] = dict(broker.transport_options or {})
     options.pop("confirm_publish", None)  # the forwarder tracks each copy's confirm itself
-    if broker.transport.driver_type == "amqp":
+    if broker.transport.driver_name == "py-amqp":  # its frame_handler option
         options["frame_handler"] = tolerant_frame_handler
     connection: Connection = broker.clone(transport_options=options)
     return connection

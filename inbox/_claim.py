@@ -42,8 +42,9 @@ SUPPORTED_DRIVERS: Final[dict[str, frozenset[str]]] = {
     "mariadb": frozenset({"pymysql", "asyncmy"}),
 }
 """The drivers the dedup suite runs on, per dialect; any other is refused, not guessed at.
-(aiomysql is not among them: 0.3.2 with PyMySQL >= 1.2.3 mangles bytes parameters,
-aio-libs/aiomysql#1080, which would break every claim.)"""
+(aiomysql is not among them: 0.3.2 with PyMySQL >= 1.2.3 breaks bytes parameters,
+aio-libs/aiomysql#1080 — with PyMySQL 1.2.4 every claim key raises TypeError — so MySQL and
+MariaDB go through asyncmy.)"""
 
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
 

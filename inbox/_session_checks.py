@@ -80,15 +80,12 @@ def check_session_factory(
 
 
 def _refuse_other_flavour(dialect: Dialect, *, asynchronous: bool) -> None:
+    # (The other way round SQLAlchemy refuses already: an AsyncSession takes no blocking
+    # engine.) A blocking Session on an asyncio engine would fail on its first statement.
     if dialect.is_async and not asynchronous:
         raise SessionConfigurationError(
             f"the {dialect.name}+{dialect.driver} engine is an asyncio engine: use "
             "inbox.aio.AsyncInbox with an async_sessionmaker, or a blocking driver"
-        )
-    if asynchronous and not dialect.is_async:
-        raise SessionConfigurationError(
-            f"the {dialect.name}+{dialect.driver} engine is a blocking engine: AsyncInbox "
-            "needs create_async_engine() and an async_sessionmaker (or use inbox.Inbox)"
         )
 
 

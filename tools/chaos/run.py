@@ -409,7 +409,12 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
                 elif kind == "close_amqp_connections":
                     ctl("close_all_connections", "--vhost", vhost_name, "chaos")
                 else:
-                    terminate_sessions(settings.database, engine, application_name, pg_url)
+                    try:
+                        terminate_sessions(settings.database, engine, application_name, pg_url)
+                    except OperationalError:
+                        if not pg_url:
+                            raise
+                        kind = "terminate_db_sessions_skipped_in_failover"
                 run.faults[kind] += 1
                 if settings.restart_database and not restarted and len(counts) > settings.ops // 2:
                     restart_database(settings.database)
@@ -437,6 +442,7 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         op for op in range(settings.ops) if counts.get(op, 0) == 0 and op not in dead_ops
     )
     poison_not_dead = sorted(poison - dead_ops)
+    dead_not_poison = sorted(dead_ops - poison)
     report = {
         "operations": settings.ops,
         "messages_published": run.published,
@@ -462,6 +468,7 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         "dead_letter_operations": len(dead_ops),
         "poison_operations": len(poison),
         "poison_not_dead_lettered": poison_not_dead,
+        "dead_lettered_not_poison": dead_not_poison,
         "queues_at_end": final_depths,
         "wall_seconds": round(wall, 1),
         "operations_per_second": round(settings.ops / wall, 1),
@@ -522,7 +529,8 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
         f"  workers spawned               {report['workers_spawned']:>8} "
         f"(exits during run: {report['worker_exits_during_run']})",
         f"  dead letters                  {report['dead_letter_operations']:>8} "
-        f"{report['dead_letters']} (poison ops: {report['poison_operations']})",
+        f"{report['dead_letters']} (poison ops: {report['poison_operations']}, others: "
+        f"{len(report['dead_lettered_not_poison'])})",
         f"  operations committed once     {report['operations_committed_once']:>8}",
         f"  doubled effects               {len(report['doubled']):>8}",
         f"  lost operations               {len(report['missing']):>8}",

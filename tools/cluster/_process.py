@@ -1,5 +1,6 @@
 """Process plumbing shared by the cluster harnesses: free ports, bounded waits, commands
-with timeouts, and killing a whole process group."""
+with timeouts, and ending what they started — a process group, a process tree, or (through
+the watchdog) everything, when the harness itself dies first."""
 
 from __future__ import annotations
 

@@ -215,3 +215,62 @@ def test_a_cancelled_batch_rolls_back_every_message_and_a_redelivery_commits_eac
         assert adb.db.effect_counts() == {(str(n), "first"): 1 for n in range(5)}
 
     run(main())
+
+
+def test_a_second_cancellation_during_the_rollback_does_not_cut_the_cleanup_short(
+    adb: AsyncDatabase,
+) -> None:
+    """Cancelled while the handler awaits, then again while the inbox rolls back: the
+    rollback still completes on the server, so the connection goes back to the pool intact
+    (not invalidated halfway), and nothing is left open."""
+
+    async def main() -> None:
+        async with adb.engine() as engine:
+            sessions = KeptSessions(engine)
+            inbox = AsyncInbox(sessions)
+            written = asyncio.Event()
+            slow = [True]
+
+            @inbox.handler("order.created", name="writer")
+            async def writer(message: Message, session: AsyncSession) -> None:
+                await record_effect(message, session, "first")
+                written.set()
+                if slow[0]:
+                    await asyncio.sleep(30)
+                await record_effect(message, session, "second")
+
+            task = asyncio.create_task(inbox.process(fixed(1)))
+            cancels: list[str] = []
+
+            def on_rollback(conn: Any) -> None:
+                if cancels == ["in the handler"]:
+                    cancels.append("during the rollback")
+                    task.cancel()
+
+            connects = [0]
+
+            def on_connect(dbapi_connection: Any, record: Any) -> None:
+                connects[0] += 1
+
+            sync_engine = engine.sync_engine
+            event.listen(sync_engine, "connect", on_connect)
+            event.listen(sync_engine, "rollback", on_rollback)
+            try:
+                await written.wait()
+                cancels.append("in the handler")
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                event.remove(sync_engine, "rollback", on_rollback)
+            assert cancels == ["in the handler", "during the rollback"]
+            assert checked_out(engine) == 0
+            assert sessions.left_open() == []
+            assert (adb.db.effect_counts(), claims(adb)) == ({}, [])
+            slow[0] = False
+            async with asyncio.timeout(20):
+                assert (await inbox.process(fixed(1))).outcome is Outcome.PROCESSED
+            assert connects == [1]  # reused: rolled back whole, not invalidated halfway
+        assert adb.db.effect_counts() == BOTH_EFFECTS
+
+    run(main())

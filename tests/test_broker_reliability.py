@@ -20,6 +20,7 @@ import datetime as dt
 import logging
 import re
 import subprocess
+import threading
 import time
 import uuid
 import zlib
@@ -233,6 +234,62 @@ def test_refused_copies_resent_while_failing_deliveries_arrive_never_wedge_the_w
     assert rabbit.depth(f"{queue}.dlq") == 0
 
 
+def test_copies_nacked_while_failing_deliveries_arrive_never_wedge_the_worker(
+    pg_db: Database, rabbit: Rabbit, queue_policy: Callable[[str, str], None]
+) -> None:
+    # The reported wedge: a refused copy re-sent between deliveries waited for its confirm
+    # while a failing delivery published its own copy on the same channel; one confirm for
+    # both left a wait that never ended, and the worker never honoured its stop.
+    queue = rabbit.queue()
+    failing = [True]
+
+    def fail_while_told(message: Message) -> None:
+        if failing[0]:
+            raise RuntimeError("down for now")
+
+    inbox = make_inbox(pg_db, fail_while_told)
+    retry = RetryPolicy((0.05,), max_tries=1000)
+    worker = Worker(
+        inbox,
+        rabbit.url,
+        [queue],
+        prefetch=100,
+        queue_type=QueueType.QUORUM,
+        retry=retry,
+        stats_interval=None,
+    )
+    worker.prepare()
+    # A full retry queue (reject-publish overflow): RabbitMQ nacks every retry copy.
+    queue_policy(worker.topologies[0].retry_queue(50), '{"max-length": 0}')
+    stop_publishing = threading.Event()
+    sent: list[str] = []
+
+    def keep_publishing() -> None:
+        with Publisher(rabbit.url, routing_key=queue) as publisher:
+            while not stop_publishing.is_set():
+                ref = f"r{len(sent)}"
+                publisher.publish("op", {"ref": ref})
+                sent.append(ref)
+                time.sleep(0.002)
+
+    publishing = threading.Thread(target=keep_publishing, daemon=True)
+    runner = run_in_thread(worker)
+    publishing.start()
+    time.sleep(8)
+    stop_publishing.set()
+    publishing.join(10)
+    worker.stop()
+    runner.join(30)
+    assert not runner.is_alive(), f"the worker is wedged: {worker.stats.summary()}"
+    assert worker.stats.failed_tries > 0
+
+    failing[0] = False
+    queue_policy(worker.topologies[0].retry_queue(50), '{"max-length": 100000}')
+    again = Worker(inbox, rabbit.url, [queue], queue_type=QueueType.QUORUM, retry=retry)
+    run_until_idle(again, IDLE)
+    assert pg_db.effect_counts() == {(ref, "ops.apply"): 1 for ref in sent}
+
+
 # --- 8: quorum queues with a delivery limit -------------------------------------------------
 
 
@@ -249,6 +306,21 @@ def clear_policy(name: str) -> None:
     subprocess.run(
         ["rabbitmqctl", "clear_policy", name], check=True, capture_output=True, timeout=60
     )
+
+
+@pytest.fixture
+def queue_policy() -> Iterator[Callable[[str, str], None]]:
+    """Apply a policy definition to one queue (the last one given for a queue wins)."""
+    names: list[str] = []
+
+    def apply(queue: str, definition: str) -> None:
+        name = f"{queue}-policy"
+        set_policy(name, f"^{re.escape(queue)}$", definition)
+        names.append(name)
+
+    yield apply
+    for name in dict.fromkeys(names):
+        clear_policy(name)
 
 
 @pytest.fixture

@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Engine, QueuePool, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import Message
+from inbox import InboxError, Message, ProcessResult
+from inbox._handlers import default_name
 from inbox.aio import AsyncInbox
 from support.databases import Database, effects, fresh_database
 
@@ -43,9 +45,10 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(main)
 
 
-def async_url(db: Database, driver: str) -> tuple[str, dict[str, Any]]:
-    """The URL (and connect_args) of ``db`` for the async ``driver``."""
-    url = make_url(db.url)
+def async_url(blocking_url: str, driver: str) -> tuple[str, dict[str, Any]]:
+    """The URL (and connect_args) of the test database at ``blocking_url`` for the async
+    ``driver``."""
+    url = make_url(blocking_url)
     connect_args: dict[str, Any] = {}
     if driver == "asyncpg":
         # asyncpg takes server settings as a keyword, not libpq's "options" parameter.
@@ -61,7 +64,7 @@ def async_url(db: Database, driver: str) -> tuple[str, dict[str, Any]]:
 @asynccontextmanager
 async def async_engine(db: Database, driver: str, **options: Any) -> AsyncIterator[AsyncEngine]:
     """An async engine on ``db`` through ``driver``, disposed on exit."""
-    url, connect_args = async_url(db, driver)
+    url, connect_args = async_url(db.url, driver)
     engine = _create_async_engine(url, connect_args=connect_args, **options)
     try:
         yield engine
@@ -148,3 +151,68 @@ class KeptSessions:
     def left_open(self) -> list[AsyncSession]:
         """The sessions still in a transaction."""
         return [session for session in self.made if session.in_transaction()]
+
+
+BLOCKING_TO_ASYNC = {"sqlite": "aiosqlite", "postgresql": "psycopg", "mysql": "asyncmy"}
+"""The async driver that stands in for each backend's blocking driver in the shared suite."""
+
+
+class AsyncInboxAsBlocking:
+    """The blocking ``Inbox`` surface over an :class:`AsyncInbox`, so that the blocking
+    suite's cases run unchanged through the async inbox.
+
+    Made from the blocking ``sessionmaker`` a test passes to ``Inbox``: the same database,
+    reached through an async driver on an event loop of its own. Blocking handlers are
+    registered as async handlers that run them on the session's synchronous side
+    (``AsyncSession.run_sync``), under the same name and key; the claim, the checks, the
+    guards and the commit are the async inbox's. :meth:`close` disposes of the engine.
+    """
+
+    made: ClassVar[list[AsyncInboxAsBlocking]] = []
+
+    def __init__(self, session_factory: sessionmaker[Session], **options: Any) -> None:
+        bind = session_factory.kw["bind"]
+        assert isinstance(bind, Engine), "the shared suite runs on Engine-bound sessionmakers"
+        backend = bind.url.get_backend_name()
+        url, connect_args = async_url(
+            bind.url.render_as_string(hide_password=False), BLOCKING_TO_ASYNC[backend]
+        )
+        self._loop = asyncio.Runner()
+        self._engine = _create_async_engine(url, connect_args=connect_args)
+        self.made.append(self)
+        self.inbox = AsyncInbox(async_sessionmaker(self._engine), **options)
+
+    def handler(
+        self, func_or_type: Any = None, /, *, name: str | None = None, key: Any = None
+    ) -> Any:
+        """``Inbox.handler``: bare, with a type, ``name=`` and ``key=``."""
+        if callable(func_or_type) and not isinstance(func_or_type, str):
+            return self._register(func_or_type, None, name, key)
+        return lambda func: self._register(func, func_or_type, name, key)
+
+    def _register(
+        self,
+        func: Callable[[Message, Session], object],
+        message_type: str | None,
+        name: str | None,
+        key: Any,
+    ) -> Any:
+        async def on_sync_side(message: Message, session: AsyncSession) -> None:
+            await session.run_sync(lambda sync_session: func(message, sync_session))
+
+        handler_name = default_name(func) if name is None else name
+        self.inbox.handler(message_type, name=handler_name, key=key)(on_sync_side)
+        return func
+
+    def process(self, message: Message) -> ProcessResult:
+        """``await AsyncInbox.process(message)`` on this object's event loop."""
+        return self._loop.run(self.inbox.process(message))
+
+    def process_batch(self, messages: Any) -> list[ProcessResult | InboxError]:
+        """``await AsyncInbox.process_batch(messages)`` on this object's event loop."""
+        return self._loop.run(self.inbox.process_batch(messages))
+
+    def close(self) -> None:
+        """Dispose of the async engine and close the event loop."""
+        self._loop.run(self._engine.dispose())
+        self._loop.close()

@@ -100,7 +100,9 @@ class HandlerTransaction:
         """Call ``handler`` with ``message`` and the session, which it cannot commit, roll
         back or close meanwhile. A :class:`BaseException` other than ``KeyboardInterrupt``
         and ``SystemExit`` is raised as :class:`~inbox.HandlerInterrupted`."""
-        self.handler_started(handler, message, guards)
+        # handler_started() and handler_finished() inlined: this is the per-message path.
+        self._ran.append((handler, message))
+        guard(self._session, self._connection, guards)
         try:
             returned = handler.func(message, self._session)
         except (Exception, KeyboardInterrupt, SystemExit):
@@ -108,7 +110,7 @@ class HandlerTransaction:
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
-            self.handler_finished()
+            unguard(self._session, self._connection)
         if inspect.isawaitable(returned):
             if inspect.iscoroutine(returned):
                 returned.close()  # never awaited: say so here rather than in a warning

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -144,10 +145,10 @@ class ClusterMode:
         """Have the workers SIGKILLed too if the harness dies without its teardown (their
         cluster would be gone, and a worker retries a lost broker for ever)."""
         if self._workers_watchdog is None:
-            self._workers_watchdog = Watchdog(
-                Path(tempfile.mkdtemp(prefix="chaos-workers-")), marker
-            )
-            self._stack.callback(self._workers_watchdog.close)
+            root = Path(tempfile.mkdtemp(prefix="chaos-workers-"))
+            self._workers_watchdog = Watchdog(root, marker)
+            self._stack.callback(shutil.rmtree, root, ignore_errors=True)
+            self._stack.callback(self._workers_watchdog.close)  # runs first
         self._workers_watchdog.watch_pids(pids)
 
     def abort(self) -> None:

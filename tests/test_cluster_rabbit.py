@@ -106,7 +106,7 @@ def test_a_worker_carries_on_when_its_node_stops_and_runs_each_message_once(
     @inbox.handler("n", name="cluster.effect")
     def apply(message: Message, session: Session) -> None:
         session.execute(insert(effect).values(n=int(message.body["n"])))
-        time.sleep(0.01)  # slow enough that the node stops mid-run
+        time.sleep(0.02)  # slow enough that the node stops mid-run
 
     worker = Worker(inbox, cluster.url(vhost), ["work"], queue_type="quorum", prefetch=20)
     worker.prepare()

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +24,7 @@ from support.aio import (
     SERVER_DRIVERS,
     AsyncDatabase,
     AsyncRecorder,
+    async_url,
     checked_out,
     fresh_async_database,
     record_effect,
@@ -26,6 +32,7 @@ from support.aio import (
 )
 from support.effects import order
 
+import inbox as inbox_package
 from inbox import (
     HandlerFailed,
     InvalidKey,
@@ -384,3 +391,39 @@ def test_fifty_tasks_delivering_the_same_200_messages_commit_each_effect_once(
     run(main())
     assert server_adb.db.effect_counts() == {(str(n), "billing.charge"): 1 for n in range(200)}
     assert len(claims(server_adb)) == 200
+
+
+@pytest.mark.slow
+def test_four_processes_of_tasks_delivering_the_same_200_messages_commit_each_once(
+    server_adb: AsyncDatabase,
+) -> None:
+    processes, tasks = 4, 5
+    ids = [str(order(n).id) for n in range(200)]
+    script = Path(__file__).with_name("aio_concurrent_worker.py")
+    # The processes import the inbox under test (this checkout) and the tests' helpers.
+    package_root = Path(inbox_package.__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_root), str(script.parent)])}
+    url, connect_args = async_url(server_adb.db.url, server_adb.driver)
+    start_at = time.time() + 3.0
+    args = [url, json.dumps(connect_args), str(start_at), str(tasks), *ids]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    reports = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=180)
+        assert worker.returncode == 0, err
+        reports.append(json.loads(out))
+
+    assert [r["errors"] for r in reports] == [[]] * processes
+    processed = sum(r["outcomes"].get("processed", 0) for r in reports)
+    duplicates = sum(r["outcomes"].get("duplicate", 0) for r in reports)
+    assert (processed, duplicates) == (200, 200 * (processes * tasks - 1))
+    assert server_adb.db.effect_counts() == {(i, "billing.charge"): 1 for i in ids}

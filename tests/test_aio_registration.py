@@ -139,6 +139,10 @@ def test_sessions_the_inbox_cannot_own_are_refused_before_writing(tmp_path: Path
         try:
             with pytest.raises(SessionConfigurationError, match="already in a transaction"):
                 AsyncInbox(lambda: busy)
+            async with engine.connect() as outer:
+                await outer.begin()
+                with pytest.raises(SessionConfigurationError, match="bound to a Connection"):
+                    AsyncInbox(async_sessionmaker(outer))
             inbox = AsyncInbox(async_sessionmaker(autocommit))
             calls: list[str] = []
 

@@ -35,6 +35,7 @@ from support.effects import order
 import inbox as inbox_package
 from inbox import (
     HandlerFailed,
+    HandlerInterrupted,
     InvalidKey,
     Message,
     Outcome,
@@ -427,3 +428,35 @@ def test_four_processes_of_tasks_delivering_the_same_200_messages_commit_each_on
     duplicates = sum(r["outcomes"].get("duplicate", 0) for r in reports)
     assert (processed, duplicates) == (200, 200 * (processes * tasks - 1))
     assert server_adb.db.effect_counts() == {(i, "billing.charge"): 1 for i in ids}
+
+
+class Halt(BaseException):
+    """A BaseException that is neither a cancellation nor an interpreter exit."""
+
+
+def test_another_base_exception_from_a_handler_is_a_handler_failure_as_for_inbox(
+    adb: AsyncDatabase,
+) -> None:
+    async def main() -> None:
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+
+            @inbox.handler("order.created", name="halted")
+            async def halted(message: Message, session: AsyncSession) -> None:
+                await record_effect(message, session, "halted")
+                raise Halt
+
+            @inbox.handler("order.created", name="fine")
+            async def fine(message: Message, session: AsyncSession) -> None:
+                await record_effect(message, session, "fine")
+
+            with pytest.raises(HandlerFailed) as failed:
+                await inbox.process(order(1))
+            error = failed.value.failures["halted"]
+            assert isinstance(error, HandlerInterrupted)
+            assert isinstance(error.__cause__, Halt)
+            assert failed.value.result.outcomes == {"fine": Outcome.PROCESSED}
+            assert checked_out(engine) == 0
+        assert adb.db.effect_counts() == {("1", "fine"): 1}
+
+    run(main())

@@ -6,10 +6,12 @@ import ast
 import bz2
 import json
 import lzma
+import struct
 import subprocess
 import sys
 import time
 import tracemalloc
+import uuid
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,16 +20,27 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from amqp.basic_message import Message as AMQPMessage
+from kombu.message import Message as KombuMessage
 
 import inbox
+from inbox import Message
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
 from inbox.broker import headers as h
 from inbox.broker._forwarder import Forwarder
-from inbox.broker._inbound import decompress
+from inbox.broker._frames import (
+    DEFERRED_COMPRESSION,
+    RAW_PROPERTIES,
+    UNREADABLE,
+    tolerant_frame_handler,
+)
+from inbox.broker._inbound import MAX_BODY_BYTES, decompress, read_delivery
+from inbox.broker._policy import DeadLetter
 from inbox.broker._stats import WorkerStats
 from inbox.broker.codec import UndecodableBody, decode_body, encode_body
 
 JSON = "application/json"
+ID = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")
 
 
 def decode(data: bytes, content_type: str | None, default: str | None = JSON) -> object:
@@ -347,3 +360,98 @@ def test_bodies_compressed_the_kombu_ways_decompress(
         decompress(compress(body)[:20], name)
     with pytest.raises(ValueError, match="unsupported compression"):
         decompress(body, "application/x-brotli")
+
+
+# --- Reading deliveries: frames (issue 15, bug 3) and the Message or dead letter -----------
+
+
+def header_frame(properties: bytes, body_size: int) -> bytes:
+    return struct.pack(">HHQ", 60, 0, body_size) + properties
+
+
+def read_frames(properties: bytes, body: bytes) -> Any:
+    """Feed one Basic.Deliver through the tolerant frame reader; the message it hands on."""
+    received: list[Any] = []
+    on_frame = tolerant_frame_handler(
+        SimpleNamespace(bytes_recv=0), lambda *args: received.append(args[3])
+    )
+    on_frame((1, 1, struct.pack(">HH", 60, 60)))
+    on_frame((2, 1, header_frame(properties, len(body))))
+    on_frame((3, 1, body))
+    [message] = received
+    return message
+
+
+def serialized(**properties: Any) -> bytes:
+    return bytes(AMQPMessage(b"", **properties)._serialize_properties())
+
+
+def test_properties_that_do_not_decode_still_reach_the_consumer_with_their_raw_bytes() -> None:
+    raw = serialized(message_id="ABCD", type="op").replace(b"ABCD", b"\xff\xfe\xfd\xfc")
+    message = read_frames(raw, b'{"ref": 1}')
+    assert set(message.properties) == {UNREADABLE, RAW_PROPERTIES}
+    assert "UnicodeDecodeError" in message.properties[UNREADABLE]
+    assert message.properties[RAW_PROPERTIES] == raw
+    assert message.body == b'{"ref": 1}'
+
+
+def test_a_compression_header_is_left_for_the_worker_so_kombu_never_inflates_the_body() -> None:
+    body = zlib.compress(b'{"ref": 1}')
+    raw = serialized(message_id="m", application_headers={"compression": "zlib", "a": "b"})
+    message = read_frames(raw, body)
+    assert message.properties["application_headers"] == {"a": "b"}
+    assert message.properties[DEFERRED_COMPRESSION] == "zlib"
+    assert message.body == body
+
+
+def delivery(body: bytes, **properties: Any) -> KombuMessage:
+    headers = properties.pop("headers", {})
+    return KombuMessage(
+        body=body,
+        content_type=properties.pop("content_type", "application/json"),
+        content_encoding="utf-8",
+        properties=properties,
+        headers=headers,
+    )
+
+
+@pytest.mark.parametrize(
+    ("built", "reason"),
+    [
+        (lambda: delivery(b"{}", **{UNREADABLE: "UnicodeDecodeError: x"}), "unreadable-properties"),
+        (lambda: delivery(b"{}"), "missing-message-id"),
+        (lambda: delivery(b"{}", message_id="nope"), "invalid-message-id"),
+        (lambda: delivery(b"{", message_id=str(ID)), "undecodable-body"),
+        (
+            lambda: delivery(b"zz", message_id=str(ID), **{DEFERRED_COMPRESSION: "zlib"}),
+            "undecodable-body",
+        ),
+        (
+            lambda: delivery(
+                zlib.compress(bytes(MAX_BODY_BYTES + 1)),
+                message_id=str(ID),
+                **{DEFERRED_COMPRESSION: "application/x-gzip"},
+            ),
+            "body-too-large",
+        ),
+    ],
+    ids=["unreadable", "no-id", "bad-id", "bad-json", "bad-zlib", "bomb"],
+)
+def test_a_delivery_that_is_no_message_gets_its_dead_letter_reason(
+    built: Callable[[], KombuMessage], reason: str
+) -> None:
+    read = read_delivery(built(), None, "application/json")
+    assert isinstance(read, DeadLetter)
+    assert read.reason == reason
+
+
+def test_a_deferred_compression_is_undone_and_the_header_shown_as_sent() -> None:
+    body = zlib.compress(b'{"ref": 1}')
+    read = read_delivery(
+        delivery(body, message_id=str(ID), type="op", **{DEFERRED_COMPRESSION: "zlib"}),
+        None,
+        "application/json",
+    )
+    assert isinstance(read, Message)
+    assert (read.id, read.type, read.body) == (ID, "op", {"ref": 1})
+    assert read.headers["compression"] == "zlib"

@@ -1,11 +1,5 @@
-"""The worker: consume queues, run each delivery through the inbox, ack after commit.
-
-This module is the kombu wiring only. What a delivery means is decided elsewhere:
-:mod:`inbox.broker._inbound` turns it into a Message or a dead-letter reason,
-:func:`inbox.broker._policy.decide` turns what the inbox made of it into ack, retry,
-dead-letter or halt, and :mod:`inbox.broker._forwarder` sends the retry and dead-letter
-copies with confirms. Nothing here knows SQL.
-"""
+"""The worker: the kombu wiring that feeds deliveries to :mod:`inbox.broker._dispatch` (read,
+process, decide, ack or copy) one at a time, never re-entrantly. Nothing here knows SQL."""
 
 from __future__ import annotations
 
@@ -43,17 +37,11 @@ class _StopRequested(Exception):
 class Worker(ConsumerMixin):
     """Consume ``queues`` and process every delivery exactly once through ``inbox``.
 
-    ``broker`` is a URL (``amqp://guest:guest@localhost//``, ``memory://``) or a kombu
-    ``Connection`` (cloned). ``prefetch`` bounds the unacked deliveries per queue; ``retry``
-    sets the tries and backoff; ``queue_type`` the type of every declared queue. With
-    ``declare=False`` the worker only checks that the queues exist. ``default_content_type``
-    is how a delivery without a content type is decoded (None: raw bytes). ``batch_size``
-    above 1 processes the deliveries at hand (never waiting for more) through
-    :meth:`inbox.Inbox.process_batch`; ``prefetch`` must be at least ``batch_size``.
-
-    The worker reconnects for ever after a lost connection. :meth:`run` raises the
-    configuration error (``SessionConfigurationError``, ``UnsupportedDialect``) that stopped
-    it, after giving the delivery back untouched. See ``docs/worker.md``.
+    ``broker``: a URL or a kombu ``Connection`` (cloned). ``prefetch``: unacked deliveries
+    per queue; ``retry``: tries and backoff; ``declare=False``: only check the queues exist;
+    ``default_content_type``: for deliveries without one (None: bytes); ``batch_size`` > 1:
+    the deliveries at hand go through :meth:`inbox.Inbox.process_batch`. Reconnects for ever.
+    The manual is ``docs/worker.md``.
     """
 
     def __init__(

@@ -90,9 +90,12 @@ class Claims:
         self.bind_clause = table.insert()
         self._one: dict[tuple[type[Dialect], str], Claimer] = {}
         self._many: dict[tuple[type[Dialect], str], BatchClaimer] = {}
-        self._held = select(func.count()).where(
-            table.c.message_id == bindparam("message_id"), table.c.handler == bindparam("handler")
+        this_claim = (
+            table.c.message_id == bindparam("message_id"),
+            table.c.handler == bindparam("handler"),
         )
+        self._held = select(func.count()).where(*this_claim)
+        self._claimed_at = select(table.c.processed_at).where(*this_claim)
 
     def claim(self, connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
         """Claim ``key`` for ``handler``: True if this transaction won it, False if taken."""
@@ -118,6 +121,13 @@ class Claims:
         """Whether the claim row ``(key, handler)`` is visible on ``connection`` now."""
         params = {"message_id": key, "handler": handler}
         return bool(connection.execute(self._held, params).scalar_one())
+
+    def claimed_at(self, connection: Connection, key: bytes, handler: str) -> dt.datetime | None:
+        """The ``processed_at`` of the committed claim row ``(key, handler)``, if any: which
+        claim of a key this is (each transaction stamps its own instant, to the microsecond)."""
+        params = {"message_id": key, "handler": handler}
+        stamp: dt.datetime | None = connection.execute(self._claimed_at, params).scalar()
+        return stamp
 
 
 def _cache_key(dialect: Dialect) -> tuple[type[Dialect], str]:

@@ -176,7 +176,12 @@ class HandlerTransaction:
     def _refuse_early_commit(self, failure: BaseException) -> None:
         """After rolling back a failed handler, raise :class:`~inbox.ClaimCommittedEarly` if
         its claim survived: something committed the transaction under the inbox before the
-        failure, so a redelivery would be skipped as a duplicate."""
+        failure, so a redelivery would be skipped as a duplicate.
+
+        Survived means the row is there with *this* transaction's ``processed_at``: a
+        concurrent delivery of the same message, blocked on our claim until the rollback,
+        may have claimed and committed the key since, under its own instant.
+        """
         if not isinstance(failure, Exception) or _connection_lost(failure):
             return
         assert self._won is not None
@@ -189,7 +194,7 @@ class HandlerTransaction:
                 # LOCK TABLES (which also commits) outlives ROLLBACK: release it, or the check
                 # fails and the connection goes back to the pool holding table locks.
                 connection.exec_driver_sql("UNLOCK TABLES")
-            survived = self._claims.held(connection, key, handler)
+            survived = self._claims.claimed_at(connection, key, handler) == self._at
             self._rollback()
         except Exception:
             logger.exception("could not check whether a failed handler's claim was committed")

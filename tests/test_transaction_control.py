@@ -5,10 +5,11 @@ commits), or raise what is not an Exception: never a silent duplicate, never a d
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, insert, select, text
 from sqlalchemy.orm import Session
 from support.databases import Database, effects
 from support.effects import order, record_effect
@@ -231,3 +232,47 @@ def test_keyboard_interrupt_still_stops_the_process_and_commits_nothing(db: Data
     assert claim_count(db) == 0
     with db.engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(effects)).scalar_one() == 0
+
+
+def test_a_duplicate_that_claims_right_after_the_rollback_is_not_mistaken_for_an_early_commit(
+    db: Database,
+) -> None:
+    """A concurrent delivery of the same message waits on the uncommitted claim, then claims
+    and commits the key the moment the failed handler rolls back. That row is the other
+    delivery's, not an early commit of ours: the failure stays an ordinary, retryable one."""
+    message = order(1)
+    other = db.engine  # the concurrent delivery's own connection
+
+    def sessions() -> Session:
+        session = db.sessions()
+        fired: list[bool] = []
+
+        @event.listens_for(session, "after_rollback")
+        def duplicate_wins(rolled_back: Session) -> None:
+            if fired:
+                return
+            fired.append(True)
+            with other.begin() as connection:
+                connection.execute(
+                    insert(inbox_message).values(
+                        message_id=message.id.bytes,
+                        handler="flaky",
+                        processed_at=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1),
+                    )
+                )
+
+        return session
+
+    inbox = Inbox(sessions)
+
+    @inbox.handler("order.created", name="flaky")
+    def flaky(message: Message, session: Session) -> None:
+        record_effect(message, session, "flaky")
+        raise RuntimeError("a plain failure")
+
+    with pytest.raises(HandlerFailed) as failed:
+        inbox.process(message)
+    error = failed.value.failures["flaky"]
+    assert not isinstance(error, ClaimCommittedEarly)
+    assert isinstance(error, RuntimeError)
+    assert claim_count(db) == 1  # the other delivery's claim

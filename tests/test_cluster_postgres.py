@@ -40,6 +40,13 @@ def _pair(synchronous: bool) -> Iterator[PostgresPair]:
         cannot_run(f"PostgreSQL server binaries missing in {binaries}: {missing}")
     with PostgresPair(synchronous=synchronous) as pair:
         pair.sql(pair.primary, "CREATE TABLE claim (id int PRIMARY KEY)")
+        # An asynchronous standby may not have replayed the table yet: a test that freezes
+        # its WAL receiver now would promote a standby without it.
+        wait_until(
+            lambda: pair.sql(pair.standby, "SELECT to_regclass('claim') IS NOT NULL") == "t",
+            timeout=30,
+            what="the standby having the claim table",
+        )
         yield pair
 
 

@@ -13,10 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import POSTGRES_URL, Database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, insert, select
+from support.databases import POSTGRES_URL, Database
 
 from inbox import cleanup
 from inbox.cli import cleanup_main

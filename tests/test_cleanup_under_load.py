@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import Database, effects
 from sqlalchemy import Engine, create_engine, event, func, insert, select, text, tuple_
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database, effects
 
 from inbox import CleanupReport, Inbox, Message, Outcome, cleanup
 from inbox.schema import inbox_message

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Database, Rabbit
 from sqlalchemy import (
     Column,
     Connection,
@@ -23,6 +22,8 @@ from sqlalchemy import (
     select,
     text,
 )
+from support.databases import Database
+from support.rabbit import Rabbit
 
 from inbox.demo import run_demo
 

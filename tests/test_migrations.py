@@ -14,8 +14,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from conftest import Database, effects_metadata
 from sqlalchemy import URL, Engine, MetaData, create_engine, insert, inspect, make_url, text
+from support.databases import Database, effects_metadata
 
 from alembic import command
 from inbox import cleanup

@@ -24,10 +24,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from conftest import Database, effects
-from helpers import Recorder
 from sqlalchemy import Engine, create_engine, func, insert, inspect, select, text
 from sqlalchemy.orm import sessionmaker
+from support.databases import Database, effects
+from support.effects import Recorder
 
 from alembic import command
 from inbox import CleanupReport, Inbox, Message, Outcome, cleanup

@@ -10,12 +10,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from conftest import Database
-from helpers import record_effect
 from sqlalchemy import create_engine, insert, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
+from support.databases import Database
+from support.effects import record_effect
 
 from inbox import HandlerFailed, Inbox, Message, Outcome, cleanup
 from inbox.schema import metadata

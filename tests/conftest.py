@@ -12,24 +12,14 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
-
-# Transitional re-exports: test files still importing these names from conftest keep working
-# until every importer uses support.* (removed at the end of the tests tidy).
-from support.databases import (  # noqa: F401
+from support.databases import (
     ALL_BACKENDS,
-    IN_CI,
-    MARIADB_URL,
-    POSTGRES_URL,
     SERVER_BACKENDS,
     Database,
     admin_engine,
-    cannot_run,
-    effects,
-    effects_metadata,
     fresh_database,
-    unreachable,
 )
-from support.rabbit import AMQP_URL, Rabbit, rabbit_area  # noqa: F401
+from support.rabbit import Rabbit, rabbit_area
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from support.aio import SHARED_CASES, AsyncInboxAsBlocking
 from support.databases import (
     ALL_BACKENDS,
     SERVER_BACKENDS,
@@ -20,6 +21,32 @@ from support.databases import (
     fresh_database,
 )
 from support.rabbit import Rabbit, rabbit_area
+
+INBOX_FLAVOURS = ("blocking", "async")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One suite, both flavours: the shared cases run through Inbox and through AsyncInbox."""
+    if metafunc.function.__name__ in SHARED_CASES.get(metafunc.module.__name__, ()):
+        metafunc.parametrize("inbox_flavour", INBOX_FLAVOURS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def inbox_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """ "blocking" for every test; for a shared case's "async" run, every ``Inbox(...)`` its
+    module makes is an AsyncInbox in disguise (see support.aio.SHARED_CASES)."""
+    flavour: str = getattr(request, "param", "blocking")
+    if flavour == "blocking":
+        yield flavour
+        return
+    monkeypatch.setattr(request.module, "Inbox", AsyncInboxAsBlocking)
+    made = AsyncInboxAsBlocking.made
+    made.clear()
+    yield flavour
+    assert made, "the case never made an inbox: it did not run through the async inbox"
+    for inbox in made:
+        inbox.close()
+    made.clear()
 
 
 @pytest.fixture(scope="session")

@@ -99,6 +99,10 @@ class Settlement:
                 self.message.type,
                 handler,
             )
+        else:
+            logger.debug(
+                "message %s (type %r) processed by %s", self.message.id, self.message.type, handler
+            )
 
     def failed(self, handler: str, error: Exception) -> None:
         """Record a handler whose transaction was rolled back."""

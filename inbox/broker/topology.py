@@ -1,28 +1,10 @@
-"""What the worker needs on the broker: the queue, its delayed-retry queues, its dead letters.
+"""What the worker needs on the broker: the queue, one delayed-retry queue per delay, and
+the dead-letter queue (``<queue>``, ``<queue>.retry.<ms>ms``, ``<queue>.dlq``).
 
-For a queue ``orders`` and retry delays of 1 s, 5 s and 30 s the worker declares (all
-durable, all of the same queue type)::
-
-    orders                  consumed by the worker
-    orders.retry.1000ms     x-message-ttl 1000,  dead-letters back to orders
-    orders.retry.5000ms     x-message-ttl 5000,  dead-letters back to orders
-    orders.retry.30000ms    x-message-ttl 30000, dead-letters back to orders
-    orders.dlq              dead letters, kept until someone looks at them
-
-A failed delivery is published (with publisher confirms) to the retry queue of its delay and
-only then acked; when its TTL runs out RabbitMQ dead-letters it through the default exchange
-back onto ``orders``. One TTL per retry queue, not a per-message TTL in one shared queue: a
-queue expires messages only at its head, so mixed delays in one queue would hold short
-delays behind long ones. Nothing waits inside the worker, so a backoff never blocks other
-messages. Quorum retry queues dead-letter with the at-least-once strategy so that a retry
-is never dropped on its way back.
-
-A quorum ``orders`` is declared with ``x-dead-letter-exchange ""`` and
-``x-dead-letter-routing-key orders.dlq``: what RabbitMQ drops from it (past a
-``delivery-limit``) lands in ``orders.dlq`` with RabbitMQ's ``x-death`` headers. RabbitMQ
-refuses to redeclare an existing queue with other arguments (``PRECONDITION_FAILED``), so a
-quorum queue declared by an older version is kept as it is, checked passively, and a warning
-names the policy that gives it the same dead-lettering (see ``docs/worker.md``).
+One TTL per retry queue rather than per-message TTLs in one queue, because a queue expires
+messages only at its head: mixed delays would hold short ones behind long ones. The layout,
+the quorum dead-lettering and what happens to queues declared by an older version are in
+docs/worker.md, "Retries and dead letters".
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from inbox._claim import Claims
 from inbox._commit_guard import Guards, guard, unguard
 from inbox._handlers import RegisteredHandler
+from inbox._retry import is_transient
 from inbox._session_checks import (
     autocommits,
     begin_claim_transaction,
@@ -196,9 +197,20 @@ class HandlerTransaction:
                 connection.exec_driver_sql("UNLOCK TABLES")
             survived = self._claims.claimed_at(connection, key, handler) == self._at
             self._rollback()
-        except Exception:
-            logger.exception("could not check whether a failed handler's claim was committed")
-            return
+        except Exception as check_failed:
+            if is_transient(check_failed):
+                logger.warning(
+                    "could not check whether a failed handler's claim was committed (%s)",
+                    type(check_failed).__name__,
+                )
+                return
+            # Not knowing must not turn into a silent duplicate on the next try.
+            raise TransactionControlError(
+                f"handler {handler!r} failed, and whether its claim had been committed under "
+                f"the inbox could not be checked ({type(check_failed).__name__}: "
+                f"{check_failed}); the worker role needs SELECT on the inbox table's "
+                "message_id, handler and processed_at"
+            ) from failure
         if survived:
             handler_run, message = self._ran[-1]
             raise ClaimCommittedEarly(handler_run.name, message.id) from failure

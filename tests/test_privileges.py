@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from support.databases import Database
 from support.effects import record_effect
 
-from inbox import HandlerFailed, Inbox, Message, Outcome, cleanup
+from inbox import ClaimCommittedEarly, HandlerFailed, Inbox, Message, Outcome, cleanup
 from inbox.schema import metadata
 
 
@@ -40,7 +40,9 @@ def as_role(pg_db: Database, role: str) -> str:
     return make_url(pg_db.url).set(username=role).render_as_string(hide_password=False)
 
 
-def test_the_worker_needs_insert_and_select_on_the_key_only(pg_db: Database, role: str) -> None:
+def test_the_worker_needs_insert_and_select_on_the_claim_columns(
+    pg_db: Database, role: str
+) -> None:
     inbox_table = metadata.tables["inbox_message"]
     with pg_db.engine.begin() as connection:
         connection.execute(text(f"GRANT INSERT ON inbox_message TO {role}"))
@@ -64,6 +66,22 @@ def test_the_worker_needs_insert_and_select_on_the_key_only(pg_db: Database, rol
             )
         assert inbox.process(message).outcome is Outcome.PROCESSED
         assert inbox.process(message).outcome is Outcome.DUPLICATE
+
+        @inbox.handler("early", name="ops.early")
+        def early(message: Message, session: Session) -> None:
+            session.execute(text("COMMIT"))
+            raise RuntimeError("after an early commit")
+
+        # Telling an early commit from a plain failure reads the claim's processed_at:
+        # without it the inbox says it could not check, rather than retry into a duplicate.
+        with pytest.raises(HandlerFailed) as unchecked:
+            inbox.process(Message.new("early", {"ref": "r2"}))
+        assert "could not be checked" in str(unchecked.value.failures["ops.early"])
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"GRANT SELECT (processed_at) ON inbox_message TO {role}"))
+        with pytest.raises(HandlerFailed) as checked:
+            inbox.process(Message.new("early", {"ref": "r3"}))
+        assert isinstance(checked.value.failures["ops.early"], ClaimCommittedEarly)
         with pytest.raises(ProgrammingError, match="permission denied"), engine.begin() as c:
             c.execute(inbox_table.delete())
     finally:

@@ -7,6 +7,7 @@ Only running the handler transactions differs between the two; that lives in
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -36,7 +37,7 @@ S = TypeVar("S")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class InboxBase(Generic[S]):
+class InboxBase(abc.ABC, Generic[S]):
     """The options and handlers of an inbox whose session factory makes ``S`` sessions.
 
     Subclasses say which callables they accept as handlers (:meth:`_check_handler`) and
@@ -110,9 +111,9 @@ class InboxBase(Generic[S]):
         self._guards[handler_name] = transaction_guards(handler_name)
         return func
 
+    @abc.abstractmethod
     def _check_handler(self, func: Callable[..., Any]) -> None:
         """Raise :class:`~inbox.RegistrationError` if this inbox cannot run ``func``."""
-        raise NotImplementedError
 
     def _plan(self, message: Message) -> Planned | ProcessResult:
         return plan(message, self._registry, self._on_unhandled)

@@ -10,6 +10,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from inbox._oneline import bounded, describe_error
+
 TRIES: Final = "x-inbox-tries"
 """Attempts that failed so far (an int); absent on a delivery that never failed."""
 FIRST_FAILURE: Final = "x-inbox-first-failure"
@@ -17,7 +19,8 @@ FIRST_FAILURE: Final = "x-inbox-first-failure"
 LAST_FAILURE: Final = "x-inbox-last-failure"
 """UTC time of the latest failed attempt, ISO 8601."""
 ERROR: Final = "x-inbox-error"
-"""The latest failure: exception type and message (at most 1,000 characters)."""
+"""The latest failure: exception type and the first line of its message, one line of at most
+1,000 characters; never SQL text or bound parameters."""
 FAILED_HANDLERS: Final = "x-inbox-failed-handlers"
 """Names of the handlers that failed on the latest attempt, comma-separated."""
 REASON: Final = "x-inbox-reason"
@@ -60,13 +63,11 @@ def failure_headers(
 
 
 def describe(exc: BaseException) -> str:
-    """``ExceptionType: message``, the form every error header uses."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """``ExceptionType: first line of the message``, the form every error header uses: one
+    line, and for a database error the driver's message without SQL or bound parameters."""
+    return describe_error(exc)
 
 
 def truncate(text: str) -> str:
-    """Cut ``text`` to the length a header carries, marking the cut."""
-    if len(text) <= _MAX_ERROR_CHARS:
-        return text
-    return text[: _MAX_ERROR_CHARS - 1] + "…"
+    """``text`` on one line, cut to the length a header carries, marking the cut."""
+    return bounded(text, _MAX_ERROR_CHARS)

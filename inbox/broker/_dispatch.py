@@ -10,14 +10,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kombu.message import Message as Delivery
 
 from inbox.broker import headers as h
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._inbound import read_delivery
-from inbox.broker._policy import Ack, DeadLetter, Decision, Halt, Retry, decide
+from inbox.broker._policy import (
+    Ack,
+    DeadLetter,
+    Decision,
+    Halt,
+    Retry,
+    dead_letter_headers,
+    decide,
+    retry_headers,
+)
 from inbox.broker._stats import WorkerStats
 from inbox.broker.topology import QueueTopology, RetryPolicy
 from inbox.core import Inbox
@@ -173,9 +181,7 @@ class Dispatcher:
             retry.error,
             retry.delay_ms / 1000,
         )
-        extra = h.failure_headers(
-            delivery.headers or {}, retry.tries, retry.error, retry.failed_handlers
-        )
+        extra = retry_headers(delivery.headers or {}, retry)
         if self._native:
             target = topology.retry_queue(retry.delay_ms)
             self._forwarder.forward(delivery, target, topology.dead_letter_queue, extra)
@@ -185,18 +191,9 @@ class Dispatcher:
             )
 
     def _dead_letter(self, topology: QueueTopology, delivery: Delivery, dead: DeadLetter) -> None:
-        extra: dict[str, Any] = {}
         if dead.tries is not None:
             self._stats.failed_tries += 1
-            extra = h.failure_headers(
-                delivery.headers or {}, dead.tries, dead.detail, dead.failed_handlers
-            )
-        extra |= {
-            h.REASON: str(dead.reason),
-            h.SOURCE_QUEUE: topology.name,
-            h.DEAD_LETTERED_AT: h.now_utc(),
-        }
-        extra.setdefault(h.ERROR, h.truncate(dead.detail))
+        extra = dead_letter_headers(delivery.headers or {}, dead, topology.name)
         self._stats.dead_lettered += 1
         self._stats.dead_letter_reasons[str(dead.reason)] += 1
         properties = delivery.properties or {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import uuid
 import zlib
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
@@ -22,7 +23,7 @@ from inbox.broker.codec import UndecodableBody, decode_body
 from inbox.errors import InvalidMessage
 from inbox.message import Message, parse_message_id
 
-__all__ = ["MAX_BODY_BYTES", "body_bytes", "read_delivery", "sent_headers"]
+__all__ = ["MAX_BODY_BYTES", "body_bytes", "read_delivery", "read_message", "sent_headers"]
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """The most a compressed body may decompress to; a larger one is dead-lettered as it came."""
@@ -117,22 +118,45 @@ def read_delivery(
     if decode_error is not None:
         detail = f"cannot decompress ({headers.get('compression')!r}): {decode_error}"
         return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, detail)
-    data = body_bytes(delivery)
     compression = properties.get(DEFERRED_COMPRESSION)
+    return read_message(
+        message_id,
+        properties.get("type"),
+        headers,
+        body_bytes(delivery),
+        content_type=delivery.content_type,
+        content_encoding=delivery.content_encoding,
+        compression=None if compression is None else str(compression),
+        default_content_type=default_content_type,
+    )
+
+
+def read_message(
+    message_id: uuid.UUID,
+    message_type: Any,
+    headers: Mapping[str, Any],
+    data: bytes,
+    *,
+    content_type: str | None,
+    content_encoding: str | None,
+    compression: str | None,
+    default_content_type: str | None,
+) -> Message | DeadLetter:
+    """A delivery's parts, its id already parsed, as a :class:`Message` or the
+    :class:`DeadLetter` they call for: the body decompressed (``compression``), decoded under
+    its content type, and the message built. Shared by every broker edge."""
     if compression is not None:
         try:
-            data = decompress(data, str(compression))
+            data = decompress(data, compression)
         except _TooLarge as exc:
             return DeadLetter(DeadLetterReason.BODY_TOO_LARGE, str(exc))
         except ValueError as exc:
             return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, str(exc))
     try:
-        body = decode_body(
-            data, delivery.content_type, delivery.content_encoding, default_content_type
-        )
+        body = decode_body(data, content_type, content_encoding, default_content_type)
     except UndecodableBody as exc:
         return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, str(exc))
     try:
-        return Message(id=message_id, type=properties.get("type"), body=body, headers=headers)
+        return Message(id=message_id, type=message_type, body=body, headers=headers)
     except (InvalidMessage, TypeError, ValueError) as exc:
         return DeadLetter(DeadLetterReason.INVALID_MESSAGE, str(exc))

@@ -7,8 +7,10 @@ The worker carries the decision out; nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from inbox.broker import headers as h
 from inbox.broker.topology import RetryPolicy
@@ -29,8 +31,10 @@ __all__ = [
     "Decision",
     "Halt",
     "Retry",
+    "dead_letter_headers",
     "decide",
     "describe_failure",
+    "retry_headers",
 ]
 
 # A misconfigured session factory or database is not the message's fault: every message
@@ -128,3 +132,22 @@ def decide(
 def describe_failure(failed: HandlerFailed) -> str:
     """``handler: ExceptionType: message`` for each failed handler, joined by ``; ``."""
     return "; ".join(f"{name}: {h.describe(exc)}" for name, exc in failed.failures.items())
+
+
+def retry_headers(headers: Mapping[str, Any], retry: Retry) -> dict[str, Any]:
+    """The headers a retry copy adds to the delivery's own ``headers``."""
+    return h.failure_headers(headers, retry.tries, retry.error, retry.failed_handlers)
+
+
+def dead_letter_headers(headers: Mapping[str, Any], dead: DeadLetter, queue: str) -> dict[str, Any]:
+    """The headers a dead letter from ``queue`` adds to the delivery's own ``headers``."""
+    extra: dict[str, Any] = {}
+    if dead.tries is not None:
+        extra = h.failure_headers(headers, dead.tries, dead.detail, dead.failed_handlers)
+    extra |= {
+        h.REASON: str(dead.reason),
+        h.SOURCE_QUEUE: queue,
+        h.DEAD_LETTERED_AT: h.now_utc(),
+    }
+    extra.setdefault(h.ERROR, h.truncate(dead.detail))
+    return extra

@@ -1,4 +1,5 @@
-"""The inbox table, defined once in SQLAlchemy metadata; the alembic revision creates exactly it."""
+"""The inbox's tables (claims, outbox, effects), defined once in SQLAlchemy metadata; the
+alembic revisions create exactly them."""
 
 from __future__ import annotations
 
@@ -8,23 +9,47 @@ import re
 import uuid
 from typing import Any, Final
 
-from sqlalchemy import Column, DateTime, Dialect, Index, LargeBinary, MetaData, String, Table
+from sqlalchemy import (
+    Column,
+    Connection,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    event,
+)
 from sqlalchemy.dialects import mysql
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
+    "DEFAULT_EFFECT_TABLE_NAME",
+    "DEFAULT_OUTBOX_TABLE_NAME",
     "DEFAULT_TABLE_NAME",
     "HANDLER_NAME_MAX_LENGTH",
+    "OUTBOX_NOTIFY_CHANNEL",
     "BinaryUUID",
     "UTCDateTime",
+    "effect_table",
+    "inbox_effect",
     "inbox_message",
     "inbox_table",
     "metadata",
+    "outbox_message",
+    "outbox_table",
     "processed_at_index_name",
     "resolve_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "inbox_message"
+DEFAULT_OUTBOX_TABLE_NAME: Final = "outbox_message"
+DEFAULT_EFFECT_TABLE_NAME: Final = "inbox_effect"
+OUTBOX_NOTIFY_CHANNEL: Final = "inbox_outbox"
+"""The PostgreSQL ``LISTEN`` channel an outbox table notifies when rows are committed."""
 HANDLER_NAME_MAX_LENGTH: Final = 255
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # PostgreSQL's identifier limit (MySQL/MariaDB allow 64, SQLite has none).
@@ -90,11 +115,28 @@ def _handler_name_type() -> String:
     # accent-insensitive: "billing.Charge" and "billing.charge" would share one claim, and
     # the second handler would never run. A binary collation compares exact characters.
     # (Trailing spaces still compare equal under PAD SPACE; names with them are refused.)
-    return String(HANDLER_NAME_MAX_LENGTH).with_variant(
-        mysql.VARCHAR(HANDLER_NAME_MAX_LENGTH, charset="utf8mb4", collation="utf8mb4_bin"),
-        "mysql",
-        "mariadb",
+    return _text(HANDLER_NAME_MAX_LENGTH)
+
+
+def _long_text() -> Text:
+    # MySQL's TEXT stops at 64 KiB; an error text or a stored result may be longer.
+    return Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb")
+
+
+def _text(length: int) -> String:
+    # Whatever the server's default character set, any Unicode text fits.
+    return String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
     )
+
+
+def _check_identifiers(what: str, name: str, schema: str | None) -> None:
+    for label, value in (("table name", name), ("schema", schema)):
+        if value is not None and not _IDENTIFIER.fullmatch(value):
+            raise ValueError(
+                f"{what} {label} must be a plain identifier (letters, digits, underscore; "
+                f"at most 63 characters), got {value!r}"
+            )
 
 
 def inbox_table(
@@ -105,12 +147,7 @@ def inbox_table(
     Use this to put the inbox table into your own metadata, e.g. with another name.
     ``name`` and ``schema`` must be plain identifiers (letters, digits, underscores).
     """
-    for label, value in (("table name", name), ("schema", schema)):
-        if value is not None and not _IDENTIFIER.fullmatch(value):
-            raise ValueError(
-                f"inbox {label} must be a plain identifier (letters, digits, underscore; "
-                f"at most 63 characters), got {value!r}"
-            )
+    _check_identifiers("inbox", name, schema)
     return Table(
         name,
         metadata,
@@ -126,12 +163,98 @@ def processed_at_index_name(table_name: str) -> str:
     """The name of the ``processed_at`` index of the inbox table ``table_name``:
     ``ix_<table>_processed_at``, or, where that would pass 63 characters (PostgreSQL and
     MySQL/MariaDB refuse longer names), the table name cut short and a digest of it whole."""
-    name = f"ix_{table_name}_processed_at"
+    return _index_name(table_name, "processed_at")
+
+
+def _index_name(table_name: str, suffix: str) -> str:
+    name = f"ix_{table_name}_{suffix}"
     if len(name) <= _MAX_IDENTIFIER_LENGTH:
         return name
     digest = hashlib.sha256(table_name.encode()).hexdigest()[:8]
-    keep = _MAX_IDENTIFIER_LENGTH - len(f"ix___{digest}_processed_at")
-    return f"ix_{table_name[:keep]}_{digest}_processed_at"
+    keep = _MAX_IDENTIFIER_LENGTH - len(f"ix___{digest}_{suffix}")
+    return f"ix_{table_name[:keep]}_{digest}_{suffix}"
+
+
+def outbox_table(
+    metadata: MetaData, name: str = DEFAULT_OUTBOX_TABLE_NAME, *, schema: str | None = None
+) -> Table:
+    """Define an outbox table on ``metadata``: one row per message an application
+    transaction published, sent by the relay after that transaction committed.
+
+    On PostgreSQL the table notifies :data:`OUTBOX_NOTIFY_CHANNEL` from a statement-level
+    trigger, so a listening relay wakes when a publishing transaction commits.
+    """
+    _check_identifiers("outbox", name, schema)
+    table = Table(
+        name,
+        metadata,
+        Column("id", BinaryUUID(), primary_key=True),
+        Column("type", _text(255), nullable=False),
+        Column("exchange", _text(255), nullable=False),
+        Column("routing_key", _text(255), nullable=False),
+        Column("content_type", _text(255), nullable=False),
+        Column("content_encoding", _text(64), nullable=True),
+        Column("headers", _long_text(), nullable=False),
+        Column(
+            "body",
+            LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb"),
+            nullable=False,
+        ),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("attempts", Integer(), nullable=False, default=0, server_default="0"),
+        Column("available_at", UTCDateTime(), nullable=False),
+        Column("last_error", _long_text(), nullable=True),
+        schema=schema,
+    )
+    event.listen(table, "after_create", _create_notify_trigger)
+    return table
+
+
+def _create_notify_trigger(table: Table, connection: Connection, **_: Any) -> None:
+    if connection.dialect.name == "postgresql":
+        for statement in outbox_notify_ddl(table.name, table.schema):
+            connection.exec_driver_sql(statement)
+
+
+def outbox_notify_ddl(name: str, schema: str | None) -> tuple[str, str]:
+    """The PostgreSQL statements that make the outbox table ``name`` notify
+    :data:`OUTBOX_NOTIFY_CHANNEL` (the function, then the trigger); the alembic revision
+    runs the same ones."""
+    _check_identifiers("outbox", name, schema)
+    prefix = f'"{schema}".' if schema else ""
+    function = f"{prefix}inbox_outbox_notify()"
+    # Identifiers are checked plain above, so quoting them here is enough.
+    return (
+        f"CREATE OR REPLACE FUNCTION {function} RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN PERFORM pg_notify('{OUTBOX_NOTIFY_CHANNEL}', "
+        "TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); RETURN NULL; END $$",
+        f'CREATE TRIGGER "{name[:56]}_notify" AFTER INSERT ON {prefix}"{name}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}",
+    )
+
+
+def effect_table(
+    metadata: MetaData, name: str = DEFAULT_EFFECT_TABLE_NAME, *, schema: str | None = None
+) -> Table:
+    """Define an effect table on ``metadata``: the ledger of calls handlers made outside
+    the database through ``Inbox.effect``, one row per (claim key, handler, step)."""
+    _check_identifiers("effect", name, schema)
+    return Table(
+        name,
+        metadata,
+        Column("effect_key", BinaryUUID(), primary_key=True),
+        Column("claim_key", BinaryUUID(), nullable=False),
+        Column("handler", _handler_name_type(), nullable=False),
+        Column("step", _handler_name_type(), nullable=False),
+        Column("status", _text(16), nullable=False),
+        Column("attempts", Integer(), nullable=False),
+        Column("result", _long_text(), nullable=True),
+        Column("error", _long_text(), nullable=True),
+        Column("started_at", UTCDateTime(), nullable=False),
+        Column("updated_at", UTCDateTime(), nullable=False),
+        Index(_index_name(name, "claim"), "claim_key", "handler"),
+        schema=schema,
+    )
 
 
 def resolve_table(table: str | Table) -> Table:
@@ -155,3 +278,9 @@ metadata: Final = MetaData()
 
 inbox_message: Final = inbox_table(metadata)
 """The default inbox table, ``inbox_message``."""
+
+outbox_message: Final = outbox_table(metadata)
+"""The default outbox table, ``outbox_message``."""
+
+inbox_effect: Final = effect_table(metadata)
+"""The default effect table, ``inbox_effect``."""

@@ -430,7 +430,11 @@ def test_the_documented_recipe_in_a_fresh_alembic_init_folder(
     assert {"inbox_message", "orders", "customers", "alembic_version"} <= tables
     assert diff_against_schema(pg_db.engine) == []
     installed = fresh_venv.glob("lib/python*/site-packages/inbox/migrations/versions/*.py")
-    assert [p.name for p in installed] == ["5c1f0e2a9b3d_create_inbox_message.py"]
+    assert sorted(p.name for p in installed) == [
+        "5c1f0e2a9b3d_create_inbox_message.py",
+        "6d2a1f3b8c4e_create_outbox_message.py",
+        "7e3b2a4c9d5f_create_inbox_effect.py",
+    ]
     cleanup_script = fresh_venv / "bin" / "inbox-cleanup"
     done = subprocess.run(
         [str(cleanup_script), "--days", "30", "--database-url", pg_db.url],

@@ -28,7 +28,7 @@ BRANCH_LABEL: Final = "inbox"
 """The branch label of the inbox revisions: ``alembic upgrade inbox@head``."""
 
 _INBOX_VERSIONS: Final = Path(__file__).resolve().parent / "versions"
-_INBOX_TABLES: Final = frozenset({"inbox_message"})
+_INBOX_TABLES: Final = frozenset({"inbox_message", "outbox_message", "inbox_effect"})
 _RECIPE: Final = (
     "in alembic.ini: version_locations = %(here)s/migrations/versions "
     f"{VERSION_LOCATION}, path_separator = space, revision_environment = true "

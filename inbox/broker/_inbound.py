@@ -23,7 +23,14 @@ from inbox.broker.codec import UndecodableBody, decode_body
 from inbox.errors import InvalidMessage
 from inbox.message import Message, parse_message_id
 
-__all__ = ["MAX_BODY_BYTES", "body_bytes", "read_delivery", "read_message", "sent_headers"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "body_bytes",
+    "read_delivery",
+    "read_id",
+    "read_message",
+    "sent_headers",
+]
 
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """The most a compressed body may decompress to; a larger one is dead-lettered as it came."""
@@ -107,13 +114,9 @@ def read_delivery(
     if UNREADABLE in properties:
         detail = f"the delivery's properties do not decode: {properties[UNREADABLE]}"
         return DeadLetter(DeadLetterReason.UNREADABLE_PROPERTIES, detail)
-    raw_id = properties.get("message_id")
-    if raw_id is None or raw_id == "":
-        return DeadLetter(DeadLetterReason.MISSING_ID, "delivery has no message_id property")
-    try:
-        message_id = parse_message_id(raw_id)
-    except InvalidMessage as exc:
-        return DeadLetter(DeadLetterReason.INVALID_ID, str(exc))
+    message_id = read_id(properties.get("message_id"))
+    if isinstance(message_id, DeadLetter):
+        return message_id
     headers = sent_headers(delivery)
     if decode_error is not None:
         detail = f"cannot decompress ({headers.get('compression')!r}): {decode_error}"
@@ -129,6 +132,16 @@ def read_delivery(
         compression=None if compression is None else str(compression),
         default_content_type=default_content_type,
     )
+
+
+def read_id(raw_id: object) -> uuid.UUID | DeadLetter:
+    """A delivery's ``message_id`` as a UUID, or the :class:`DeadLetter` it calls for."""
+    if raw_id is None or raw_id == "":
+        return DeadLetter(DeadLetterReason.MISSING_ID, "delivery has no message_id property")
+    try:
+        return parse_message_id(raw_id)
+    except InvalidMessage as exc:
+        return DeadLetter(DeadLetterReason.INVALID_ID, str(exc))
 
 
 def read_message(

@@ -19,6 +19,8 @@ __all__ = [
     "EXIT_USAGE",
     "UsageError",
     "UsageParser",
+    "VersionRequested",
+    "add_version",
     "database_error_line",
     "database_url",
     "first_line",
@@ -35,6 +37,37 @@ _SECRET_QUERY_WORDS: Final = ("password", "passwd", "pwd", "secret", "token", "k
 
 class UsageError(Exception):
     """Bad command-line arguments (exit :data:`EXIT_USAGE`)."""
+
+
+class VersionRequested(Exception):
+    """``--version`` was given: print :attr:`line` on stdout and exit :data:`EXIT_OK`."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _VersionAction(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from inbox._startup import required_revision
+
+        try:
+            release = version("inbox")
+        except PackageNotFoundError:
+            release = "(not installed)"
+        raise VersionRequested(
+            f"{parser.prog} {release} (inbox schema revision {required_revision()})"
+        )
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """Add ``--version``: the package version and the schema revision it needs, raised as
+    :class:`VersionRequested` before any other argument is checked."""
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="print the version and exit"
+    )
 
 
 class UsageParser(argparse.ArgumentParser):

@@ -1,9 +1,11 @@
 """``inbox-worker``: run a :class:`inbox.broker.Worker` for the user's ``Inbox``.
 
 Exit codes: 0 after a clean stop (SIGTERM or SIGINT: the in-flight message is finished and
-acked first); 1 when the broker is unreachable or refuses the topology at start, or the worker
-fails; 2 on bad usage (arguments, or a ``MODULE:ATTRIBUTE`` that does not give an ``Inbox``);
-3 on a configuration error met on the first message (``SessionConfigurationError``,
+acked first); 1 when the broker is unreachable or refuses the topology at start, when the
+database is unreachable or its inbox tables are missing or at an older revision (one line
+naming the command to run; ``--no-schema-check`` skips that check), or the worker fails;
+2 on bad usage (arguments, or a ``MODULE:ATTRIBUTE`` that does not give an ``Inbox``); 3 on a
+configuration error met on the first message (``SessionConfigurationError``,
 ``UnsupportedDialect``): that delivery is requeued untouched, nothing is retried or
 dead-lettered.
 """
@@ -26,9 +28,14 @@ from inbox._cli import (
     EXIT_USAGE,
     UsageError,
     UsageParser,
+    VersionRequested,
+    add_version,
+    database_error_line,
     mask_urls,
     whole_number,
 )
+from inbox._oneline import bounded
+from inbox._startup import SchemaNotReady, check_worker_schema
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
 from inbox.broker.connection import safe_uri
@@ -49,6 +56,7 @@ BROKER_URL_ENV = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
 EXIT_CONFIGURATION_ERROR = 3
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_MAX_LOG_LINE = 4000
 
 
 def _worker_parser() -> UsageParser:
@@ -121,8 +129,17 @@ def _worker_parser() -> UsageParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument(
-        "--tracebacks", action="store_true", help="log tracebacks of handler failures"
+        "--tracebacks",
+        action="store_true",
+        help="log tracebacks of handler failures (as at DEBUG; they may hold SQL and row data)",
     )
+    parser.add_argument(
+        "--no-schema-check",
+        dest="schema_check",
+        action="store_false",
+        help="start without checking that the inbox tables exist at the needed revision",
+    )
+    add_version(parser)
     return parser
 
 
@@ -191,10 +208,16 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             default_content_type=content_type,
             stats_interval=args.stats_interval,
         )
+    except VersionRequested as version:
+        sys.stdout.write(f"{version.line}\n")
+        return EXIT_OK
     except (UsageError, ValueError, TypeError, KeyError, ImportError) as exc:
         err.write(parser.format_usage())
         err.write(f"inbox-worker: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
+    if args.schema_check and (failed := _schema_error(inbox, args.connect_retries)):
+        err.write(f"inbox-worker: error: {failed}\n")
+        return EXIT_DATABASE_ERROR
     where = safe_uri(worker.connection)
     try:
         worker.prepare(max_retries=args.connect_retries)
@@ -222,6 +245,22 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
     return EXIT_OK
 
 
+def _schema_error(inbox: Inbox, retries: int) -> str | None:
+    """Why the database is not ready for this worker, on one line; None when it is."""
+    try:
+        check_worker_schema(inbox, retries=retries)
+    except SchemaNotReady as exc:
+        return str(exc)
+    except Exception as exc:  # unreachable, refused: one line, never a traceback
+        engine = getattr(exc, "engine", None)
+        return (
+            f"database: {_first_line(exc)}"
+            if engine is None
+            else database_error_line(exc, engine.url)
+        )
+    return None
+
+
 def _broker_connection(url: str) -> Connection:
     """Parse the broker URL without ever echoing it: a password with an unescaped ``#`` or
     ``/`` would otherwise show up in the parser's error."""
@@ -245,21 +284,24 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _OneLineFormatter(logging.Formatter):
-    """Log records without their tracebacks: one line per failure."""
+    """Log records without their tracebacks, line breaks in a message made visible: one
+    line per event."""
 
     def format(self, record: logging.LogRecord) -> str:
-        saved = record.exc_info, record.exc_text
-        record.exc_info = record.exc_text = None
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
         try:
-            return super().format(record)
+            return bounded(super().format(record), _MAX_LOG_LINE)
         finally:
-            record.exc_info, record.exc_text = saved
+            record.exc_info, record.exc_text, record.stack_info = saved
 
 
 def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(
-        logging.Formatter(_LOG_FORMAT) if tracebacks else _OneLineFormatter(_LOG_FORMAT)
+        logging.Formatter(_LOG_FORMAT)
+        if tracebacks or level == "DEBUG"
+        else _OneLineFormatter(_LOG_FORMAT)
     )
     root = logging.getLogger()
     root.addHandler(handler)

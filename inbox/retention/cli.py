@@ -16,6 +16,8 @@ from inbox._cli import (
     EXIT_USAGE,
     UsageError,
     UsageParser,
+    VersionRequested,
+    add_version,
     database_error_line,
     database_url,
     mask_urls,
@@ -74,6 +76,7 @@ def _cleanup_parser() -> UsageParser:
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="print nothing on success (for cron)"
     )
+    add_version(parser)
     return parser
 
 
@@ -92,13 +95,16 @@ def cleanup_main(
         cutoff_for(args.days)
         table = resolve_table(args.table)
         url = database_url(args.database_url)
+    except VersionRequested as version:
+        out.write(f"{version.line}\n")
+        return EXIT_OK
     except (UsageError, ValueError) as exc:
         err.write(parser.format_usage())
         err.write(f"inbox-cleanup: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
     created: list[str] = []
     try:
-        engine = create_engine(url)
+        engine = create_engine(url, hide_parameters=True)
         try:
             if not args.dry_run and is_partitioned(engine, table):
                 created = ensure_partitions(engine, table, days_ahead=args.partitions_ahead)

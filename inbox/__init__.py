@@ -7,10 +7,12 @@ delivery: each (message, handler) pair commits its database effects once and onl
 
 from typing import TYPE_CHECKING
 
+from inbox._effect_ledger import EffectMode
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler
 from inbox.core import Inbox
 from inbox.errors import (
     ClaimCommittedEarly,
+    EffectError,
     HandlerFailed,
     HandlerInterrupted,
     InboxError,
@@ -19,6 +21,7 @@ from inbox.errors import (
     RegistrationError,
     SessionConfigurationError,
     TransactionControlError,
+    UncertainEffect,
     UnhandledMessage,
     UnsupportedDialect,
 )
@@ -31,6 +34,8 @@ __all__ = [
     "KEY_NAMESPACE",
     "ClaimCommittedEarly",
     "CleanupReport",
+    "EffectError",
+    "EffectMode",
     "HandlerFailed",
     "HandlerFunc",
     "HandlerInterrupted",
@@ -47,6 +52,7 @@ __all__ = [
     "RegistrationError",
     "SessionConfigurationError",
     "TransactionControlError",
+    "UncertainEffect",
     "Unhandled",
     "UnhandledMessage",
     "UnsupportedDialect",

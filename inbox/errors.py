@@ -81,6 +81,39 @@ class UnsupportedDialect(InboxError):
     """The database dialect has no claim statement (supported: postgresql, sqlite, mysql)."""
 
 
+class EffectError(InboxError):
+    """``inbox.effect`` cannot be used like this: outside a handler of this inbox, re-entered
+    with the step it is already in, or with a ``call`` whose result cannot be stored as JSON."""
+
+
+class UncertainEffect(InboxError):
+    """An effect outside the database may have been made, and calling it again is not
+    allowed: an ``at-most-once`` effect found started or failed by an earlier attempt, or
+    an effect whose result could not be stored. Nothing was called. The worker dead-letters
+    the delivery at once (``uncertain-effect``); a person finds out what happened and
+    releases the record (see docs/effects.md)."""
+
+    def __init__(
+        self,
+        effect_key: uuid.UUID,
+        handler: str,
+        step: str,
+        *,
+        status: str,
+        attempts: int,
+        why: str,
+    ) -> None:
+        super().__init__(
+            f"effect {step!r} of handler {handler!r} (key {effect_key}) is uncertain after "
+            f"{attempts} attempt(s), status {status!r}: {why}"
+        )
+        self.effect_key = effect_key
+        self.handler = handler
+        self.step = step
+        self.status = status
+        self.attempts = attempts
+
+
 def __getattr__(name: str) -> object:
     # PublishError belongs to the broker edge; it is still importable from here (where it was
     # first published) without importing kombu until someone asks for it.

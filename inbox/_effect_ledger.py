@@ -1,0 +1,260 @@
+"""The effect ledger: the state of each effect outside the database, written once on a
+blocking ``Connection`` in short transactions of its own (the async inbox runs the same
+functions through ``AsyncConnection.run_sync``).
+
+One record per (claim key, handler, step)::
+
+    start   INSERT 'started', attempts=1            -- the database decides: new or not
+            conflict → read the record (FOR UPDATE) and decide by it and the mode:
+              done                → the stored result, no call
+              started | failed    → at-least-once: attempts+1, 'started', call again
+                                    at-most-once:  UncertainEffect, no call
+            COMMIT, and only then the call
+    finish  UPDATE 'done' + result   WHERE attempts = this attempt
+    fail    UPDATE 'failed' + error  WHERE attempts = this attempt
+
+The ``attempts`` condition keeps a late write of an attempt that lost its claim (its
+connection dropped while the call ran) from overwriting the attempt that took over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from sqlalchemy import Connection, Table, Update, bindparam, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+from inbox.errors import UncertainEffect
+from inbox.message import KEY_NAMESPACE
+from inbox.schema import HANDLER_NAME_MAX_LENGTH
+
+__all__ = [
+    "STEP_MAX_LENGTH",
+    "Call",
+    "EffectMode",
+    "EffectRef",
+    "Ledger",
+    "Stored",
+    "effect_key",
+    "parse_mode",
+    "validate_step",
+]
+
+STEP_MAX_LENGTH: Final = HANDLER_NAME_MAX_LENGTH
+_MYSQL_DUPLICATE_ENTRY: Final = 1062
+STARTED: Final = "started"
+DONE: Final = "done"
+FAILED: Final = "failed"
+
+
+class EffectMode(StrEnum):
+    """What a later attempt does with an effect an earlier attempt started but did not
+    finish (or that failed): call again with the same key, or never call again."""
+
+    AT_LEAST_ONCE = "at-least-once"
+    """Call again with the same key: the other side deduplicates by it. The default."""
+    AT_MOST_ONCE = "at-most-once"
+    """Never call again once started: raise :class:`~inbox.UncertainEffect` instead."""
+
+
+def parse_mode(mode: object) -> EffectMode:
+    """``mode`` as an :class:`EffectMode`; anything else is a :class:`ValueError`."""
+    if isinstance(mode, EffectMode):
+        return mode
+    if isinstance(mode, str):
+        try:
+            return EffectMode(mode)
+        except ValueError:
+            pass
+    choices = ", ".join(repr(m.value) for m in EffectMode)
+    raise ValueError(f"effect mode must be one of {choices}, got {mode!r}")
+
+
+def validate_step(step: object) -> str:
+    """Return ``step`` if it can be stored as an effect step name, else raise ValueError."""
+    if not isinstance(step, str):
+        raise TypeError(f"effect step must be a str, got {type(step).__name__}")
+    if not step.strip():
+        raise ValueError("effect step must not be empty or blank")
+    if len(step) > STEP_MAX_LENGTH:
+        raise ValueError(
+            f"effect step is {len(step)} characters; the effect table holds at most "
+            f"{STEP_MAX_LENGTH}"
+        )
+    if step != step.strip():
+        # MySQL/MariaDB compare "x" and "x " as equal: two such steps would share a record.
+        raise ValueError(f"effect step {step!r} has leading or trailing whitespace")
+    if "\x00" in step:
+        raise ValueError("effect step must not contain NUL characters")
+    try:
+        step.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"effect step {step!r} is not valid Unicode text (it holds a lone surrogate)"
+        ) from None
+    return step
+
+
+def effect_key(claim_key: bytes, handler: str, step: str) -> uuid.UUID:
+    """The key ``call`` receives: the same on every attempt of this (claim, handler, step),
+    different for any other, and computable by other services."""
+    return uuid.uuid5(KEY_NAMESPACE, f"{claim_key.hex()}:{handler}:{step}")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRef:
+    """One effect: its key and what it is the effect of."""
+
+    key: uuid.UUID
+    claim_key: bytes
+    handler: str
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Start decided: make the call, as attempt number ``attempt`` (committed as started)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Start decided: the effect is done; ``result`` is its stored JSON text."""
+
+    result: str
+
+
+class Ledger:
+    """The statements of one effect table, and the state machine written with them."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        c = table.c
+        this = c.effect_key == bindparam("k", type_=c.effect_key.type)
+        self._read = (
+            select(c.status, c.attempts, c.result, c.updated_at).where(this).with_for_update()
+        )
+        at = bindparam("at", type_=c.updated_at.type)
+        self._again = (
+            update(table).where(this).values(status=STARTED, attempts=bindparam("n"), updated_at=at)
+        )
+        mine = (this, c.attempts == bindparam("attempt"))
+        self._done = (
+            update(table)
+            .where(*mine)
+            .values(status=DONE, result=bindparam("result"), updated_at=at)
+        )
+        self._failed = (
+            update(table)
+            .where(*mine)
+            .values(status=FAILED, error=bindparam("error"), updated_at=at)
+        )
+
+    def start(
+        self, connection: Connection, ref: EffectRef, mode: EffectMode, at: dt.datetime
+    ) -> Call | Stored:
+        """Record the effect as started and commit, or find it recorded: what to do now.
+
+        ``at`` stamps the write; a re-run of this start after an error whose COMMIT did land
+        finds its own stamp on a 'started' record and goes on as that attempt, rather than
+        taking its own record for an earlier attempt's.
+        """
+        with connection.begin():
+            if self._insert(connection, ref, at):
+                return Call(1)
+            status, attempts, result, updated_at = connection.execute(
+                self._read, {"k": ref.key}
+            ).one()
+            if status == DONE:
+                if result is None:
+                    raise UncertainEffect(
+                        ref.key,
+                        ref.handler,
+                        ref.step,
+                        status=status,
+                        attempts=attempts,
+                        why="it was made, but its result could not be stored as JSON, so the "
+                        "handler cannot be given it and it must not be made again",
+                    )
+                return Stored(result)
+            if status == STARTED and updated_at == at:
+                return Call(attempts)  # our own start, committed before an error hid it
+            if mode is EffectMode.AT_MOST_ONCE:
+                raise UncertainEffect(
+                    ref.key,
+                    ref.handler,
+                    ref.step,
+                    status=status,
+                    attempts=attempts,
+                    why="an earlier attempt started it and did not record it done; "
+                    "at-most-once never calls again",
+                )
+            connection.execute(self._again, {"k": ref.key, "n": attempts + 1, "at": at})
+            return Call(attempts + 1)
+
+    def finish(
+        self,
+        connection: Connection,
+        ref: EffectRef,
+        attempt: int,
+        result: str | None,
+        at: dt.datetime,
+    ) -> bool:
+        """Record ``attempt`` done with ``result`` (None: made, but the result could not be
+        stored); False if a later attempt has taken the record over."""
+        params = {"k": ref.key, "attempt": attempt, "result": result, "at": at}
+        return self._write_end(connection, self._done, params)
+
+    def fail(
+        self, connection: Connection, ref: EffectRef, attempt: int, error: str, at: dt.datetime
+    ) -> bool:
+        """Record ``attempt`` failed with ``error``; False if a later attempt has taken the
+        record over."""
+        params = {"k": ref.key, "attempt": attempt, "error": error, "at": at}
+        return self._write_end(connection, self._failed, params)
+
+    @staticmethod
+    def _write_end(connection: Connection, statement: Update, params: dict[str, object]) -> bool:
+        with connection.begin():
+            result = connection.execute(
+                statement, params, execution_options={"preserve_rowcount": True}
+            )
+            return result.rowcount == 1
+
+    def _insert(self, connection: Connection, ref: EffectRef, at: dt.datetime) -> bool:
+        """Insert the started record: True if inserted, False if it was there already.
+
+        Insert-or-ignore on the primary key only, as the claim does: a violation of any
+        other constraint is an error, never mistaken for an existing record.
+        """
+        row = {
+            "effect_key": ref.key,
+            "claim_key": ref.claim_key,
+            "handler": ref.handler,
+            "step": ref.step,
+            "status": STARTED,
+            "attempts": 1,
+            "started_at": at,
+            "updated_at": at,
+        }
+        target = [self.table.c.effect_key]
+        name = connection.dialect.name
+        if name in ("postgresql", "sqlite"):
+            dialect_insert = postgresql.insert if name == "postgresql" else sqlite.insert
+            statement = dialect_insert(self.table).on_conflict_do_nothing(index_elements=target)
+            result = connection.execute(statement.execution_options(preserve_rowcount=True), row)
+            return result.rowcount == 1
+        try:
+            connection.execute(insert(self.table), row)
+        except IntegrityError as exc:
+            args: tuple[object, ...] = getattr(exc.orig, "args", ())
+            if args and args[0] == _MYSQL_DUPLICATE_ENTRY and "PRIMARY'" in str(args[-1]):
+                return False
+            raise
+        return True

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from inbox.errors import InboxError, UnsupportedDialect
+from inbox.telemetry._core import timed_claim
 
 __all__ = [
     "SUPPORTED_DRIVERS",
@@ -104,6 +105,8 @@ class Claims:
             claim = self._one[_cache_key(connection.dialect)] = claimer_for(
                 self.table, connection.dialect
             )
+        if timed_claim is not None:
+            return timed_claim(handler, claim, connection, key, handler, at)
         return claim(connection, key, handler, at)
 
     def claim_many(
@@ -115,6 +118,8 @@ class Claims:
             claim_many = self._many[_cache_key(connection.dialect)] = batch_claimer_for(
                 self.table, connection.dialect
             )
+        if timed_claim is not None:
+            return timed_claim(handler, claim_many, connection, keys, handler, at)
         return claim_many(connection, keys, handler, at)
 
     def held(self, connection: Connection, key: bytes, handler: str) -> bool:

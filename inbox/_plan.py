@@ -20,6 +20,7 @@ from inbox.errors import (
 )
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult, Unhandled
+from inbox.telemetry._core import MessageWatch, watch
 
 __all__ = [
     "CONFIGURATION_ERRORS",
@@ -88,10 +89,16 @@ class Settlement:
     message: Message
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: dict[str, Exception] = field(default_factory=dict)
+    _watch: MessageWatch | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._watch = watch(self.message)  # None without OpenTelemetry
 
     def done(self, handler: str, outcome: Outcome) -> None:
         """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
         self.outcomes[handler] = outcome
+        if self._watch is not None:
+            self._watch.done(handler, outcome)
         if outcome is Outcome.DUPLICATE:
             logger.info(
                 "duplicate skipped: message %s (type %r) already processed by %s",
@@ -107,6 +114,8 @@ class Settlement:
     def failed(self, handler: str, error: Exception) -> None:
         """Record a handler whose transaction was rolled back."""
         self.failures[handler] = error
+        if self._watch is not None:
+            self._watch.failed(handler, error)
         logger.warning(
             "handler %s failed on message %s (type %r); its transaction was rolled back",
             handler,
@@ -119,6 +128,8 @@ class Settlement:
         """The result, or :class:`~inbox.HandlerFailed` (chained from the first failure)
         when a handler failed: the others' outcomes are in its ``result``."""
         result = ProcessResult(self.message.id, dict(self.outcomes))
+        if self._watch is not None:
+            self._watch.settled(self.outcomes, self.failures)
         if self.failures:
             first = next(iter(self.failures.values()))
             raise HandlerFailed(self.message.id, self.failures, result) from first

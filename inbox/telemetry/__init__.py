@@ -1,0 +1,18 @@
+"""Metrics and traces through OpenTelemetry, when ``opentelemetry-api`` is installed
+(``pip install inbox[otel]``); without it, or without an SDK configured, nothing is recorded
+and the hooks cost one comparison. The inbox never configures an SDK itself (except
+``inbox-worker --metrics-port``): configure one in your application as usual.
+
+What is recorded, under which names, is in docs/operations.md, "Metrics and traces".
+"""
+
+from __future__ import annotations
+
+from inbox.telemetry._api import INSTRUMENTS
+from inbox.telemetry._context import extract_context, inject_context
+from inbox.telemetry._hooks import record_effect, record_outbox
+
+__all__ = ["ENABLED", "extract_context", "inject_context", "record_effect", "record_outbox"]
+
+ENABLED: bool = INSTRUMENTS is not None
+"""True when ``opentelemetry-api`` is installed (whether or not an SDK is configured)."""

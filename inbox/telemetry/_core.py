@@ -1,0 +1,157 @@
+"""What the core records: each handler's outcome, time and span, claim times, message age.
+
+:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._plan.Settlement`
+feeds with outcomes as they come in; :data:`timed_claim` times the claim statement. Both are
+None without OpenTelemetry, so the core skips them for the cost of one comparison.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from inbox.result import Outcome
+from inbox.telemetry import _names as n
+from inbox.telemetry._api import INSTRUMENTS, Instruments
+from inbox.telemetry._context import extract_context
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+    from inbox.message import Message
+
+__all__ = ["FAILED", "MessageWatch", "message_time", "timed_claim", "watch"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+FAILED = "failed"
+"""The ``inbox.outcome`` of a handler run that was rolled back."""
+
+
+def message_time(message_id: uuid.UUID) -> float | None:
+    """When the message was made (epoch seconds), from its UUIDv7 id; None for other ids."""
+    if message_id.version != 7:
+        return None
+    return (message_id.int >> 80) / 1000
+
+
+class MessageWatch:
+    """One message's handler runs as they settle: a span and a duration per handler, the
+    outcome counters, and the end-to-end age of every commit.
+
+    :meth:`done` and :meth:`failed` time a handler from the previous mark (``process()``
+    settles handlers one after another); :meth:`settled` counts every outcome once and
+    times the handlers nobody reported, as a batch commits them: by the whole settlement.
+    """
+
+    __slots__ = ("_attributes", "_instruments", "_mark", "_message", "_parent", "_start", "_timed")
+
+    def __init__(self, instruments: Instruments, message: Message) -> None:
+        self._instruments = instruments
+        self._message = message
+        self._attributes: dict[str, str] = {n.MESSAGE_TYPE: message.type or ""}
+        self._start = self._mark = (time.perf_counter(), time.time_ns())
+        self._timed: set[str] = set()
+        self._parent: Context | None = None
+
+    def done(self, handler: str, outcome: Outcome) -> None:
+        """``handler`` committed (PROCESSED) or was a duplicate, just now."""
+        self._finish(handler, outcome.value, None, self._mark)
+
+    def failed(self, handler: str, error: BaseException) -> None:
+        """``handler``'s transaction was rolled back by ``error``, just now."""
+        self._finish(handler, FAILED, error, self._mark)
+
+    def settled(self, outcomes: Mapping[str, Outcome], failures: Mapping[str, Exception]) -> None:
+        """The message's outcomes are final: count each once; time the untimed ones."""
+        ins = self._instruments
+        for handler, outcome in outcomes.items():
+            attributes = {**self._attributes, n.HANDLER: handler}
+            if outcome is Outcome.PROCESSED:
+                ins.processed.add(1, attributes)
+            elif outcome is Outcome.DUPLICATE:
+                ins.duplicates.add(1, attributes)
+            if handler not in self._timed:
+                self._finish(handler, outcome.value, None, self._start)
+        for handler, error in failures.items():
+            attributes = {**self._attributes, n.HANDLER: handler, n.ERROR_TYPE: _kind(error)}
+            ins.failures.add(1, attributes)
+            if handler not in self._timed:
+                self._finish(handler, FAILED, error, self._start)
+
+    def _finish(
+        self, handler: str, outcome: str, error: BaseException | None, since: tuple[float, int]
+    ) -> None:
+        now = (time.perf_counter(), time.time_ns())
+        ins = self._instruments
+        attributes = {**self._attributes, n.HANDLER: handler, n.OUTCOME: outcome}
+        ins.handler_duration.record(now[0] - since[0], attributes)
+        if outcome == Outcome.PROCESSED.value:
+            made = message_time(self._message.id)
+            if made is not None:
+                age = max(0.0, now[1] / 1e9 - made)
+                ins.message_age.record(age, {**self._attributes, n.HANDLER: handler})
+        self._span(handler, outcome, error, since[1], now[1])
+        self._timed.add(handler)
+        self._mark = now
+
+    def _span(
+        self, handler: str, outcome: str, error: BaseException | None, start: int, end: int
+    ) -> None:
+        from opentelemetry import trace
+
+        span = self._instruments.tracer.start_span(
+            f"handler {handler}",
+            context=self._parent_context(),
+            attributes={
+                n.HANDLER: handler,
+                n.MESSAGE_TYPE: self._attributes[n.MESSAGE_TYPE],
+                n.MESSAGE_ID: str(self._message.id),
+                n.OUTCOME: outcome,
+            },
+            start_time=start,
+        )
+        if error is not None:
+            # The class only: a message could carry SQL parameters (row data).
+            span.set_attribute(n.ERROR_TYPE, _kind(error))
+            span.set_status(trace.StatusCode.ERROR, _kind(error))
+        span.end(end_time=end)
+
+    def _parent_context(self) -> Context | None:
+        """The current span (the worker's delivery span) if there is one, else the
+        producer's context from the message's headers."""
+        from opentelemetry import trace
+
+        if trace.get_current_span().get_span_context().is_valid:
+            return None
+        if self._parent is None:
+            self._parent = extract_context(self._message.headers)
+        return self._parent
+
+
+def _kind(error: BaseException) -> str:
+    return type(error).__name__
+
+
+def watch(message: Message) -> MessageWatch | None:
+    """A watch for ``message``'s handler runs; None without OpenTelemetry."""
+    if INSTRUMENTS is None:
+        return None
+    return MessageWatch(INSTRUMENTS, message)
+
+
+def _timed_claim(handler: str, claim: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    assert INSTRUMENTS is not None
+    started = time.perf_counter()
+    try:
+        return claim(*args, **kwargs)
+    finally:
+        INSTRUMENTS.claim_duration.record(time.perf_counter() - started, {n.HANDLER: handler})
+
+
+timed_claim = None if INSTRUMENTS is None else _timed_claim
+"""``timed_claim(handler, claim, *args)`` runs ``claim(*args)`` and records its duration;
+None without OpenTelemetry (call the claim directly then)."""

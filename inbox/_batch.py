@@ -159,8 +159,9 @@ def claims_to_make(registry: Registry, batch: Sequence[Planned]) -> list[tuple[s
 
 def handlers_to_run(
     batch: Sequence[Planned], won: dict[str, set[bytes]], settlements: Sequence[Settlement]
-) -> Iterator[tuple[RegisteredHandler, Message]]:
-    """The handler runs the batch's transaction makes, in order, given the keys ``won``:
+) -> Iterator[tuple[RegisteredHandler, Message, bytes]]:
+    """The handler runs (handler, message, claim key) the batch's transaction makes, in
+    order, given the keys ``won``:
     each outcome is recorded in ``settlements`` (PROCESSED once the caller asks for the
     next run, so a run that raises is never recorded)."""
     for planned, settlement in zip(batch, settlements, strict=True):
@@ -170,7 +171,7 @@ def handlers_to_run(
                 settlement.outcomes[handler.name] = Outcome.DUPLICATE
                 continue
             owned.discard(key)  # a later message with this key is a duplicate
-            yield handler, planned.message
+            yield handler, planned.message, key
             settlement.outcomes[handler.name] = Outcome.PROCESSED
 
 
@@ -246,8 +247,8 @@ class BatchProcessor:
                 name: set(transaction.claim_many(keys, name))
                 for name, keys in claims_to_make(self._registry, batch)
             }
-            for handler, message in handlers_to_run(batch, won, settlements):
-                transaction.run(handler, message, self._guards[handler.name])
+            for handler, message, key in handlers_to_run(batch, won, settlements):
+                transaction.run(handler, message, self._guards[handler.name], key)
             transaction.commit()
         return finish(settlements)
 

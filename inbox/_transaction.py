@@ -18,6 +18,7 @@ import datetime as dt
 import inspect
 import logging
 from collections.abc import Collection, Sequence
+from contextvars import Token
 from types import TracebackType
 
 from sqlalchemy import Connection
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from inbox._claim import Claims
 from inbox._commit_guard import Guards, guard, unguard
+from inbox._effect_run import CURRENT_RUN, HandlerRun
 from inbox._handlers import RegisteredHandler
 from inbox._retry import is_transient
 from inbox._session_checks import (
@@ -56,8 +58,9 @@ class HandlerTransaction:
     still holds its claims. Leaving without a commit rolls back and closes the session.
     """
 
-    def __init__(self, session: Session, claims: Claims) -> None:
+    def __init__(self, session: Session, claims: Claims, owner: object = None) -> None:
         refuse_busy_session(session)
+        self._owner = owner  # the inbox whose handlers run here, for inbox.effect()
         self._session = session
         self._session_type = type(session)  # its methods, not the guards a handler sees
         self._claims = claims
@@ -97,13 +100,15 @@ class HandlerTransaction:
             self._won = (next(iter(won)), handler)
         return won
 
-    def run(self, handler: RegisteredHandler, message: Message, guards: Guards) -> None:
+    def run(self, handler: RegisteredHandler, message: Message, guards: Guards, key: bytes) -> None:
         """Call ``handler`` with ``message`` and the session, which it cannot commit, roll
-        back or close meanwhile. A :class:`BaseException` other than ``KeyboardInterrupt``
-        and ``SystemExit`` is raised as :class:`~inbox.HandlerInterrupted`."""
+        back or close meanwhile; ``key`` is its claim key (what ``inbox.effect`` keys on).
+        A :class:`BaseException` other than ``KeyboardInterrupt`` and ``SystemExit`` is
+        raised as :class:`~inbox.HandlerInterrupted`."""
         # handler_started() and handler_finished() inlined: this is the per-message path.
         self._ran.append((handler, message))
         guard(self._session, self._connection, guards)
+        current = CURRENT_RUN.set(HandlerRun(self._owner, key, handler.name, self._connection))
         try:
             returned = handler.func(message, self._session)
         except (Exception, KeyboardInterrupt, SystemExit):
@@ -111,6 +116,7 @@ class HandlerTransaction:
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
+            CURRENT_RUN.reset(current)
             unguard(self._session, self._connection)
         if inspect.isawaitable(returned):
             if inspect.iscoroutine(returned):
@@ -120,14 +126,19 @@ class HandlerTransaction:
                 "await it, so its work would never run. Register it on an async inbox."
             )
 
-    def handler_started(self, handler: RegisteredHandler, message: Message, guards: Guards) -> None:
-        """Record that ``handler`` runs on ``message`` now, and guard the session and the
-        connection until :meth:`handler_finished` (for callers that call it themselves)."""
+    def handler_started(
+        self, handler: RegisteredHandler, message: Message, guards: Guards, key: bytes
+    ) -> Token[HandlerRun | None]:
+        """Record that ``handler`` runs on ``message`` under the claim ``key`` now, and
+        guard the session and the connection until :meth:`handler_finished` (for callers
+        that call it themselves); pass it the token returned."""
         self._ran.append((handler, message))
         guard(self._session, self._connection, guards)
+        return CURRENT_RUN.set(HandlerRun(self._owner, key, handler.name, self._connection))
 
-    def handler_finished(self) -> None:
+    def handler_finished(self, current: Token[HandlerRun | None]) -> None:
         """Take the guards down again; the session is the inbox's to commit or roll back."""
+        CURRENT_RUN.reset(current)
         unguard(self._session, self._connection)
 
     def commit(self) -> None:

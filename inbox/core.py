@@ -6,10 +6,12 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from sqlalchemy import Table
+from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session
 
 from inbox._batch import BatchProcessor
+from inbox._effect_ledger import EffectMode
+from inbox._effects import EffectCall, Effects
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, plan, require_messages
 from inbox._registration import InboxBase
@@ -19,7 +21,7 @@ from inbox._transaction import HandlerTransaction
 from inbox.errors import InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.schema import DEFAULT_TABLE_NAME
+from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 
 __all__ = ["Inbox"]
 
@@ -35,6 +37,10 @@ class Inbox(InboxBase[Session]):
     ``on_unhandled`` says what to do with a message no handler takes. ``transient_retries``
     bounds how many times a handler transaction aborted by a deadlock, serialization failure,
     lock timeout or lost connection is re-run before the error is reported.
+
+    ``effect_store`` is the :class:`~sqlalchemy.Engine` whose ``effect_table`` (default
+    ``inbox_effect``) keeps the records of :meth:`effect`; by default the inbox's own
+    database. SQLite needs one of its own (another file): see docs/effects.md.
     """
 
     _EXAMPLE_FACTORY = "sqlalchemy.orm.sessionmaker(engine)"
@@ -46,6 +52,8 @@ class Inbox(InboxBase[Session]):
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
+        effect_store: Engine | None = None,
+        effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
     ) -> None:
         super().__init__(
             session_factory,
@@ -57,6 +65,7 @@ class Inbox(InboxBase[Session]):
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
         check_session_factory(session_factory, self._claims.bind_clause)
+        self._effects = Effects(self, effect_store, effect_table, self._backoff)
 
     @overload
     def handler(self, func: H, /) -> H: ...
@@ -117,6 +126,25 @@ class Inbox(InboxBase[Session]):
         """
         return self._batches.process(require_messages(messages, "process_batch"), self._plan)
 
+    def effect(
+        self, step: str, call: EffectCall, *, mode: EffectMode | str = EffectMode.AT_LEAST_ONCE
+    ) -> Any:
+        """Make ``call(key)``, an effect outside the database (an SMS, a payment, an
+        e-mail), at most once per attempt chain of this handler and claim, and return its
+        result; callable only from inside a handler of this inbox.
+
+        The effect is (this handler's claim key, its name, ``step``); ``key`` is
+        ``uuid5(KEY_NAMESPACE, f"{claim_key.hex()}:{handler}:{step}")``, the same on every
+        attempt: pass it to the other side as its idempotency key. The record is committed
+        as started before the call (in its own transaction, not the handler's), as done
+        with the result (JSON) after it; on every later attempt a done effect returns the
+        stored result without calling. An error from ``call`` is recorded and re-raised as
+        it is. ``mode`` says what a later attempt does with an effect started but not done,
+        or failed: ``"at-least-once"`` calls again with the same key,
+        ``"at-most-once"`` raises :class:`~inbox.UncertainEffect`. See docs/effects.md.
+        """
+        return self._effects.run(step, call, mode)
+
     def _settle(self, planned: Planned) -> ProcessResult:
         message = planned.message
         settlement = Settlement(message)
@@ -137,9 +165,9 @@ class Inbox(InboxBase[Session]):
         with self._transaction() as transaction:
             if not transaction.claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
-            transaction.run(handler, message, self._guards[handler.name])
+            transaction.run(handler, message, self._guards[handler.name], key)
             transaction.commit()
         return Outcome.PROCESSED
 
     def _transaction(self) -> HandlerTransaction:
-        return HandlerTransaction(self._session_factory(), self._claims)
+        return HandlerTransaction(self._session_factory(), self._claims, self)

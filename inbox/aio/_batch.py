@@ -92,7 +92,7 @@ class AsyncBatchProcessor:
                 name: set(await transaction.claim_many(keys, name))
                 for name, keys in claims_to_make(self._registry, batch)
             }
-            for handler, message in handlers_to_run(batch, won, settlements):
-                await transaction.run(handler, message, self._guards[handler.name])
+            for handler, message, key in handlers_to_run(batch, won, settlements):
+                await transaction.run(handler, message, self._guards[handler.name], key)
             await transaction.commit()
         return finish(settlements)

@@ -7,20 +7,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, TypeVar, overload
 
 from sqlalchemy import Table
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+from inbox._effect_ledger import EffectMode
 from inbox._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
 from inbox._session_checks import check_session_factory
 from inbox.aio._batch import AsyncBatchProcessor
+from inbox.aio._effects import AsyncEffectCall, AsyncEffects
 from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.schema import DEFAULT_TABLE_NAME
+from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 
 __all__ = ["AsyncHandlerFunc", "AsyncInbox"]
 
@@ -36,8 +38,9 @@ class AsyncInbox(InboxBase[AsyncSession]):
 
     ``session_factory`` makes a new :class:`~sqlalchemy.ext.asyncio.AsyncSession` per
     handler transaction (an ``async_sessionmaker`` bound to an engine from
-    ``create_async_engine``). ``table``, ``on_unhandled`` and ``transient_retries`` mean
-    what they mean for :class:`inbox.Inbox`, and so do the outcomes, errors and guards.
+    ``create_async_engine``). ``table``, ``on_unhandled``, ``transient_retries`` and
+    ``effect_table`` mean what they mean for :class:`inbox.Inbox`, and so do the outcomes,
+    errors and guards; ``effect_store`` is an :class:`~sqlalchemy.ext.asyncio.AsyncEngine`.
 
     A task cancelled while a handler runs (or while its claim or commit is on the wire)
     rolls the handler's transaction back, returns the connection to the pool and raises the
@@ -55,6 +58,8 @@ class AsyncInbox(InboxBase[AsyncSession]):
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
+        effect_store: AsyncEngine | None = None,
+        effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
     ) -> None:
         super().__init__(
             session_factory,
@@ -70,6 +75,7 @@ class AsyncInbox(InboxBase[AsyncSession]):
             self._claims.bind_clause,
             asynchronous=True,
         )
+        self._effects = AsyncEffects(self, effect_store, effect_table, self._backoff)
 
     @overload
     def handler(self, func: A, /) -> A: ...
@@ -118,6 +124,21 @@ class AsyncInbox(InboxBase[AsyncSession]):
         results, bisection and errors are those of :meth:`inbox.Inbox.process_batch`."""
         return await self._batches.process(require_messages(messages, "process_batch"), self._plan)
 
+    async def effect(
+        self,
+        step: str,
+        call: AsyncEffectCall,
+        *,
+        mode: EffectMode | str = EffectMode.AT_LEAST_ONCE,
+    ) -> Any:
+        """Await ``call(key)``, an effect outside the database, as
+        :meth:`inbox.Inbox.effect` makes it (same records, keys, modes and errors); the
+        ledger's writes run on a connection of ``effect_store``, or of the inbox's engine.
+        ``call`` is usually an ``async def``; a plain function's result is taken as is.
+        A cancellation while the call runs is recorded as the attempt's failure and
+        propagates as itself."""
+        return await self._effects.run(step, call, mode)
+
     async def _settle(self, planned: Planned) -> ProcessResult:
         message = planned.message
         settlement = Settlement(message)
@@ -138,12 +159,12 @@ class AsyncInbox(InboxBase[AsyncSession]):
         async with self._transaction() as transaction:
             if not await transaction.claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
-            await transaction.run(handler, message, self._guards[handler.name])
+            await transaction.run(handler, message, self._guards[handler.name], key)
             await transaction.commit()
         return Outcome.PROCESSED
 
     def _transaction(self) -> AsyncHandlerTransaction:
-        return AsyncHandlerTransaction(self._session_factory(), self._claims)
+        return AsyncHandlerTransaction(self._session_factory(), self._claims, self)
 
 
 def _sync_session(session_factory: Callable[[], AsyncSession]) -> Session:

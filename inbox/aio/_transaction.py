@@ -39,14 +39,14 @@ class AsyncHandlerTransaction:
     the session, to completion even when the task is cancelled again meanwhile.
     """
 
-    def __init__(self, session: AsyncSession, claims: Claims) -> None:
+    def __init__(self, session: AsyncSession, claims: Claims, owner: object = None) -> None:
         if not isinstance(session, AsyncSession):
             raise SessionConfigurationError(
                 "session_factory must return a sqlalchemy.ext.asyncio.AsyncSession (use "
                 f"async_sessionmaker(engine)), got {type(session).__name__}"
             )
         self._session = session
-        self._transaction = HandlerTransaction(session.sync_session, claims)
+        self._transaction = HandlerTransaction(session.sync_session, claims, owner)
 
     async def __aenter__(self) -> AsyncHandlerTransaction:
         # On failure (a cancellation included) __enter__ has closed the session itself.
@@ -63,13 +63,16 @@ class AsyncHandlerTransaction:
         claim_many = self._transaction.claim_many
         return await self._session.run_sync(lambda _: claim_many(keys, handler))
 
-    async def run(self, handler: RegisteredHandler, message: Message, guards: Guards) -> None:
+    async def run(
+        self, handler: RegisteredHandler, message: Message, guards: Guards, key: bytes
+    ) -> None:
         """Await ``handler`` with ``message`` and the session, which it cannot commit, roll
-        back or close meanwhile. A cancellation propagates as itself; any other
+        back or close meanwhile; ``key`` is its claim key (what ``inbox.effect`` keys on).
+        A cancellation propagates as itself; any other
         :class:`BaseException` but ``KeyboardInterrupt`` and ``SystemExit`` is raised as
         :class:`~inbox.HandlerInterrupted`, as the blocking inbox does."""
         func = cast("Callable[[Message, AsyncSession], object]", handler.func)
-        self._transaction.handler_started(handler, message, guards)
+        current = self._transaction.handler_started(handler, message, guards, key)
         try:
             returned = func(message, self._session)
             if not inspect.isawaitable(returned):
@@ -83,7 +86,7 @@ class AsyncHandlerTransaction:
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
-            self._transaction.handler_finished()
+            self._transaction.handler_finished(current)
 
     async def commit(self) -> None:
         """Commit the claims with the handlers' writes, or raise and commit nothing."""

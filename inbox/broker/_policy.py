@@ -19,6 +19,7 @@ from inbox.errors import (
     InvalidKey,
     SessionConfigurationError,
     TransactionControlError,
+    UncertainEffect,
     UnhandledMessage,
     UnsupportedDialect,
 )
@@ -55,6 +56,7 @@ class DeadLetterReason(StrEnum):
     INVALID_KEY = "invalid-key"
     HANDLER_FAILED = "handler-failed"
     TRANSACTION_ENDED = "transaction-ended"
+    UNCERTAIN_EFFECT = "uncertain-effect"
     COPY_TOO_LARGE = "copy-too-large"
 
 
@@ -124,6 +126,10 @@ def decide(
         # The handler ended the inbox's transaction: its claim may be committed without the
         # rest of its writes, so a retry would be skipped as a duplicate. A person decides.
         return DeadLetter(DeadLetterReason.TRANSACTION_ENDED, described, tries, failed)
+    if any(isinstance(e, UncertainEffect) for e in failures.values()):
+        # An effect outside the database may have been made and must not be made again:
+        # every retry would raise the same. A person finds out what happened.
+        return DeadLetter(DeadLetterReason.UNCERTAIN_EFFECT, described, tries, failed)
     if policy.exhausted(tries):
         return DeadLetter(DeadLetterReason.HANDLER_FAILED, described, tries, failed)
     return Retry(tries, policy.delay_ms(tries), described, failed)

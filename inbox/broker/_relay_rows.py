@@ -1,0 +1,131 @@
+"""The relay's database side: take a batch of due rows, delete the confirmed ones, record the
+refused ones. Every statement is a SQLAlchemy construct; rows are decoded by
+:mod:`inbox.outbox._row`, the one place that knows how the publishing side stores them.
+
+Rows are taken ``FOR UPDATE SKIP LOCKED`` on PostgreSQL and MySQL/MariaDB, so relays running
+at once never take the same row while it is being sent; on SQLite (one relay) the plain
+``SELECT``. On MySQL/MariaDB the relay's transaction runs at READ COMMITTED: at REPEATABLE
+READ, InnoDB would lock the gap after the last row and hold every writer's INSERT until the
+batch was published.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
+
+from inbox.broker._relay_refusals import error_line
+from inbox.outbox._row import OutboxRow, row_from_mapping
+from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
+
+__all__ = ["OutboxRows", "Refusal", "Taken", "resolve_outbox_table"]
+
+_LOCKING_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
+
+
+def resolve_outbox_table(table: str | Table) -> Table:
+    """``table`` itself, or the outbox table named ``"name"`` or ``"schema.name"``."""
+    if isinstance(table, Table):
+        return table
+    if not isinstance(table, str):
+        raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
+    if table == DEFAULT_OUTBOX_TABLE_NAME:
+        return outbox_message
+    schema, dot, name = table.rpartition(".")
+    if dot and not schema:
+        raise ValueError(
+            f"outbox table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
+        )
+    return outbox_table(MetaData(), name, schema=schema or None)
+
+
+@dataclass
+class Taken:
+    """One batch: the rows to send in id order, their attempts so far, and the rows that
+    could not be read (id -> why), which are refused without being sent."""
+
+    rows: list[OutboxRow] = field(default_factory=list)
+    attempts: dict[uuid.UUID, int] = field(default_factory=dict)
+    unreadable: dict[uuid.UUID, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.unreadable)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused row: its id, its attempts counting this one, the error, its next attempt."""
+
+    id: uuid.UUID
+    attempts: int
+    error: str
+    next_attempt: dt.datetime
+
+
+class OutboxRows:
+    """The statements of the relay on one outbox ``table``."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        c = table.c
+        self._refuse = (
+            update(table)
+            .where(c.id == bindparam("b_id"))
+            .values(
+                attempts=bindparam("b_attempts"),
+                last_error=bindparam("b_error"),
+                available_at=bindparam("b_next"),
+            )
+        )
+
+    def begin(self, connection: Connection) -> Connection:
+        """``connection`` with the isolation level the relay's transaction needs."""
+        if connection.dialect.name in ("mysql", "mariadb"):
+            return connection.execution_options(isolation_level="READ COMMITTED")
+        return connection
+
+    def take(self, connection: Connection, limit: int, now: dt.datetime) -> Taken:
+        """Lock and read up to ``limit`` rows due at ``now``, in id order."""
+        c = self.table.c
+        query = select(self.table).where(c.available_at <= now).order_by(c.id).limit(limit)
+        if connection.dialect.name in _LOCKING_DIALECTS:
+            query = query.with_for_update(skip_locked=True)
+        taken = Taken()
+        for row in connection.execute(query):
+            mapping: Mapping[str, Any] = row._mapping
+            row_id: uuid.UUID = mapping["id"]
+            taken.attempts[row_id] = int(mapping["attempts"])
+            try:
+                taken.rows.append(row_from_mapping(mapping))
+            except Exception as exc:  # a row written by hand or by another version
+                taken.unreadable[row_id] = f"the row cannot be read: {error_line(exc)}"
+        return taken
+
+    def delete(self, connection: Connection, ids: Sequence[uuid.UUID]) -> int:
+        """Delete the rows ``ids``; how many there were."""
+        if not ids:
+            return 0
+        result = connection.execute(delete(self.table).where(self.table.c.id.in_(ids)))
+        return int(result.rowcount)
+
+    def refuse(self, connection: Connection, refusals: Sequence[Refusal]) -> None:
+        """Record each refusal on its row: attempts, last error, next attempt."""
+        if not refusals:
+            return
+        connection.execute(
+            self._refuse,
+            [
+                {
+                    "b_id": r.id,
+                    "b_attempts": r.attempts,
+                    "b_error": r.error,
+                    "b_next": r.next_attempt,
+                }
+                for r in refusals
+            ],
+        )

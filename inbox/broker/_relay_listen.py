@@ -79,7 +79,7 @@ class Wakeup:
         try:
             raw = self._engine.raw_connection()
             raw.detach()  # never back to the pool: it holds a LISTEN
-            driver = raw.driver_connection
+            driver: Any = raw.driver_connection
             if type(driver).__module__.split(".")[0] != "psycopg":
                 raw.close()
                 self._wanted = False

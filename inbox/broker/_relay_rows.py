@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
 
@@ -97,7 +96,7 @@ class OutboxRows:
             query = query.with_for_update(skip_locked=True)
         taken = Taken()
         for row in connection.execute(query):
-            mapping: Mapping[str, Any] = row._mapping
+            mapping = row._asdict()
             row_id: uuid.UUID = mapping["id"]
             taken.attempts[row_id] = int(mapping["attempts"])
             try:

@@ -1,0 +1,264 @@
+"""One FastStream delivery through an :class:`~inbox.aio.AsyncInbox` and to its end.
+
+The broker-independent half of the FastStream edge, and the kombu worker's decisions reused
+as they are: the delivery's parts become a Message or a dead-letter reason
+(:func:`inbox.broker._inbound.read_message`), :func:`inbox.broker._policy.decide` turns the
+inbox's result or error into ack / retry / dead letter / halt, and the copies carry the
+headers :mod:`inbox.broker._policy` writes. A :class:`Transport` carries the decision out on
+one broker. Nothing here knows SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from faststream.exceptions import StopConsume
+from faststream.message import StreamMessage
+
+from inbox.aio import AsyncInbox
+from inbox.broker import headers as h
+from inbox.broker._inbound import read_id, read_message
+from inbox.broker._policy import (
+    Ack,
+    DeadLetter,
+    Halt,
+    Retry,
+    dead_letter_headers,
+    decide,
+    retry_headers,
+)
+from inbox.broker._stats import WorkerStats
+from inbox.broker.topology import RetryPolicy
+from inbox.errors import HandlerFailed
+from inbox.message import Message
+from inbox.result import Outcome, ProcessResult
+
+__all__ = ["Inbound", "InboxEdge", "Refused", "Transport"]
+
+logger = logging.getLogger("inbox.faststream")
+
+_MAX_REFUSAL_WAIT: Final = 30.0
+
+
+class Refused(Exception):
+    """The broker did not take a copy (nacked, returned unroutable, or not confirmed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """What the edge reads from one delivery, as the broker handed it over."""
+
+    raw_id: object
+    message_type: object
+    headers: Mapping[str, Any]
+    data: bytes
+    content_type: str | None
+    content_encoding: str | None
+
+
+class Transport(ABC):
+    """How one broker reads, acks, gives back and copies a FastStream delivery."""
+
+    queue: str
+    """The consumed queue or stream; the dead letters go to ``<queue>.dlq``."""
+
+    @abstractmethod
+    def read(self, msg: StreamMessage[Any]) -> Inbound:
+        """The delivery's parts."""
+
+    @abstractmethod
+    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
+        """Where a retry copy goes and how long, in seconds, the edge holds the delivery
+        before sending it (0 when the broker itself delays the copy)."""
+
+    @abstractmethod
+    async def prepare(self) -> None:
+        """Make sure every queue a copy may go to exists (called before the first copy)."""
+
+    @abstractmethod
+    async def copy(self, msg: StreamMessage[Any], target: str, extra: Mapping[str, Any]) -> None:
+        """Send the delivery with ``extra`` headers added to ``target``, confirmed by the
+        broker; raise :class:`Refused` when it was not taken."""
+
+    @abstractmethod
+    def settleable(self, msg: StreamMessage[Any]) -> bool:
+        """Whether the delivery can still be acked (its channel or connection is alive)."""
+
+
+class InboxEdge:
+    """Runs each delivery through ``inbox`` and settles it on ``transport``: ack after
+    commit, a confirmed copy (retry or dead letter) before the ack, given back untouched
+    after a configuration error (and the subscriber stops)."""
+
+    def __init__(
+        self,
+        inbox: AsyncInbox,
+        transport: Transport,
+        policy: RetryPolicy,
+        *,
+        default_content_type: str | None,
+    ) -> None:
+        if not isinstance(inbox, AsyncInbox):
+            raise TypeError(
+                f"the FastStream edge runs an inbox.aio.AsyncInbox, got {type(inbox).__name__}"
+            )
+        if not isinstance(policy, RetryPolicy):
+            raise TypeError(f"retry must be an inbox.broker.RetryPolicy, got {policy!r}")
+        self.inbox = inbox
+        self.transport = transport
+        self.policy = policy
+        self.stats = WorkerStats()
+        self.halted_by: BaseException | None = None
+        self._default_content_type = default_content_type
+        self._prepared = False
+        self._prepare_lock = asyncio.Lock()
+
+    async def handle(self, msg: StreamMessage[Any]) -> None:
+        """Process one delivery and settle it."""
+        if self.halted_by is not None:
+            await self._give_back(msg)
+            return
+        self.stats.deliveries += 1
+        inbound = self.transport.read(msg)
+        read = self._message(inbound)
+        if isinstance(read, DeadLetter):
+            await self._dead_letter(msg, inbound, read)
+            return
+        try:
+            outcome: ProcessResult | BaseException = await self.inbox.process(read)
+        except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+            raise  # the task is ending: nothing is acked, the broker gives the delivery back
+        except BaseException as exc:  # any other escape is a failed try, never a dead consumer
+            outcome = exc
+        self._count(read, outcome)
+        decision = decide(outcome, h.tries_so_far(inbound.headers), self.policy)
+        if isinstance(decision, Ack):
+            # Ack only now: every handler's claim and effects are committed (or were by an
+            # earlier delivery). A crash before this line means a redelivery, which the inbox
+            # skips as a duplicate; acking earlier could lose the message.
+            await self._ack(msg)
+        elif isinstance(decision, Halt):
+            logger.critical("configuration error, stopping: %s", h.describe(decision.error))
+            self.halted_by = decision.error
+            await self._give_back(msg)
+            raise StopConsume
+        elif isinstance(decision, Retry):
+            await self._retry(msg, inbound, read, decision)
+        else:
+            await self._dead_letter(msg, inbound, decision)
+
+    def _message(self, inbound: Inbound) -> Message | DeadLetter:
+        message_id = read_id(inbound.raw_id)
+        if isinstance(message_id, DeadLetter):
+            return message_id
+        compression = inbound.headers.get("compression")
+        return read_message(
+            message_id,
+            inbound.message_type,
+            inbound.headers,
+            inbound.data,
+            content_type=inbound.content_type,
+            content_encoding=inbound.content_encoding,
+            compression=None if compression is None else str(compression),
+            default_content_type=self._default_content_type,
+        )
+
+    def _count(self, message: Message, outcome: ProcessResult | BaseException) -> None:
+        result = outcome.result if isinstance(outcome, HandlerFailed) else outcome
+        if not isinstance(result, ProcessResult):
+            return
+        for name, o in result.outcomes.items():
+            if o is Outcome.PROCESSED:
+                self.stats.processed += 1
+            elif o is Outcome.DUPLICATE:
+                self.stats.duplicates += 1
+                logger.info("message %s: %s skipped (duplicate)", message.id, name)
+
+    async def _retry(
+        self, msg: StreamMessage[Any], inbound: Inbound, message: Message, retry: Retry
+    ) -> None:
+        self.stats.failed_tries += 1
+        self.stats.retried += 1
+        logger.warning(
+            "message %s (type %r) on %s: try %d/%d failed (%s); retry in %g s",
+            message.id,
+            message.type,
+            self.transport.queue,
+            retry.tries,
+            self.policy.max_tries,
+            retry.error,
+            retry.delay_ms / 1000,
+        )
+        target, hold = self.transport.retry_route(msg, retry.delay_ms)
+        if hold:
+            await asyncio.sleep(hold)
+        await self._forward(msg, target, retry_headers(inbound.headers, retry))
+
+    async def _dead_letter(
+        self, msg: StreamMessage[Any], inbound: Inbound, dead: DeadLetter
+    ) -> None:
+        if dead.tries is not None:
+            self.stats.failed_tries += 1
+        self.stats.dead_lettered += 1
+        self.stats.dead_letter_reasons[str(dead.reason)] += 1
+        queue = self.transport.queue
+        logger.error(
+            "message %s (type %r) dead-lettered to %s.dlq: %s%s: %s",
+            inbound.raw_id,
+            inbound.message_type,
+            queue,
+            dead.reason,
+            f" after {dead.tries} tries" if dead.tries else "",
+            dead.detail,
+        )
+        await self._forward(msg, f"{queue}.dlq", dead_letter_headers(inbound.headers, dead, queue))
+
+    async def _forward(self, msg: StreamMessage[Any], target: str, extra: dict[str, Any]) -> None:
+        """The confirmed copy, then the ack; a refused copy is tried again after a backoff
+        while the delivery is held (the handlers do not run again)."""
+        await self._prepare()
+        refusals = 0
+        while True:
+            try:
+                await self.transport.copy(msg, target, extra)
+            except Refused as refused:
+                if not self.transport.settleable(msg):
+                    logger.error(
+                        "message %s: its channel is gone; the broker gives it back", msg.message_id
+                    )
+                    return
+                wait = min(_MAX_REFUSAL_WAIT, 2.0**refusals)
+                refusals += 1
+                logger.error(
+                    "message %s: the broker refused its copy for %s (%s); kept unacked, "
+                    "next attempt in %g s",
+                    msg.message_id,
+                    target,
+                    refused,
+                    wait,
+                )
+                await asyncio.sleep(wait)
+                continue
+            break
+        await self._ack(msg)
+
+    async def _prepare(self) -> None:
+        if self._prepared:
+            return
+        async with self._prepare_lock:
+            if not self._prepared:
+                await self.transport.prepare()
+                self._prepared = True
+
+    async def _ack(self, msg: StreamMessage[Any]) -> None:
+        await msg.ack()
+        self.stats.acked += 1
+
+    async def _give_back(self, msg: StreamMessage[Any]) -> None:
+        await msg.nack()
+        self.stats.requeued += 1

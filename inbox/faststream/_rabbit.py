@@ -1,0 +1,152 @@
+"""The FastStream edge on RabbitMQ: a subscriber on the consumed queue, copies to the retry
+queues and ``<queue>.dlq`` of :class:`inbox.broker.QueueTopology`, each publish confirmed.
+
+The queue layout is the kombu worker's (retry queues with a TTL that dead-letter back into
+the consumed queue), so a queue can move between the two consumers. Under FastStream's
+``TestRabbitBroker`` there are no TTL queues: a retry copy goes straight back to the consumed
+queue after the delay, and a dead letter to a test's own subscriber on ``<queue>.dlq``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, cast
+
+import aio_pika
+import aiormq
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError
+from faststream.message import StreamMessage
+from faststream.middlewares import AckPolicy
+from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
+from faststream.rabbit import QueueType as FastStreamQueueType
+from faststream.rabbit.subscriber import RabbitSubscriber
+from faststream.rabbit.testing import PatchedMessage
+
+from inbox.aio import AsyncInbox
+from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
+from inbox.faststream._subscription import InboxSubscription, check_positive
+
+__all__ = ["subscribe_rabbit"]
+
+
+def subscribe_rabbit(
+    broker: RabbitBroker,
+    inbox: AsyncInbox,
+    queue: str,
+    *,
+    retry: RetryPolicy | None = None,
+    queue_type: QueueType | str = QueueType.CLASSIC,
+    prefetch: int = 32,
+    confirm_timeout: float = 30.0,
+    default_content_type: str | None = None,
+) -> InboxSubscription:
+    """Consume ``queue`` on ``broker`` through ``inbox``, as the kombu worker would.
+
+    Each delivery becomes an :class:`inbox.Message` (AMQP ``message_id`` and ``type``) and is
+    acked only after ``await inbox.process()`` committed or found it a duplicate. A failed
+    try goes to ``<queue>.retry.<ms>ms`` (which dead-letters it back after the delay of
+    ``retry``), the last one, or a delivery that cannot be a message, to ``<queue>.dlq`` with
+    the ``x-inbox-*`` headers; every copy is published ``mandatory`` and confirmed before
+    the original is acked. Up to ``prefetch`` deliveries are processed at once.
+    """
+    topology = QueueTopology(queue, QueueType(queue_type), retry or RetryPolicy())
+    check_positive("prefetch", prefetch)
+    check_positive("confirm_timeout", confirm_timeout)
+    transport = _RabbitTransport(broker, topology, confirm_timeout)
+    edge = InboxEdge(inbox, transport, topology.retry, default_content_type=default_content_type)
+    subscriber: RabbitSubscriber = broker.subscriber(
+        _faststream_queue(topology, topology.name),
+        channel=Channel(prefetch_count=prefetch),
+        ack_policy=AckPolicy.MANUAL,
+        decoder=_as_is,
+        no_reply=True,
+        title=f"inbox:{queue}",
+    )
+    subscriber(edge.handle)
+    return InboxSubscription(subscriber, edge)
+
+
+async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
+    # The edge decodes the body itself (inbox.broker.codec), so an undecodable one is
+    # dead-lettered with its reason instead of failing inside FastStream before any ack.
+    return msg
+
+
+def _faststream_queue(topology: QueueTopology, name: str) -> RabbitQueue:
+    """The queue ``name`` of ``topology`` as FastStream declares it, with the kombu
+    worker's arguments (FastStream adds ``x-queue-type`` itself)."""
+    declared = {queue.name: queue for queue in topology.queues()}[name]
+    arguments: dict[str, Any] = dict(getattr(declared, "queue_arguments", None) or {})
+    arguments.pop("x-queue-type", None)
+    if topology.queue_type is QueueType.QUORUM:
+        return RabbitQueue(name, FastStreamQueueType.QUORUM, arguments=cast(Any, arguments))
+    return RabbitQueue(name, durable=True, arguments=cast(Any, arguments or None))
+
+
+class _RabbitTransport(Transport):
+    def __init__(self, broker: RabbitBroker, topology: QueueTopology, timeout: float) -> None:
+        self.broker = broker
+        self.topology = topology
+        self.queue = topology.name
+        self.timeout = timeout
+
+    def read(self, msg: StreamMessage[Any]) -> Inbound:
+        raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
+        return Inbound(
+            raw_id=raw.message_id,
+            message_type=raw.type,
+            headers=dict(raw.headers or {}),
+            data=raw.body,
+            content_type=raw.content_type,
+            content_encoding=raw.content_encoding,
+        )
+
+    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
+        if isinstance(msg.raw_message, PatchedMessage):
+            return self.queue, delay_ms / 1000
+        return self.topology.retry_queue(delay_ms), 0.0
+
+    async def prepare(self) -> None:
+        for queue in self.topology.queues():
+            if queue.name != self.queue:
+                await self.broker.declare_queue(_faststream_queue(self.topology, queue.name))
+
+    async def copy(self, msg: StreamMessage[Any], target: str, extra: Mapping[str, Any]) -> None:
+        raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
+        publish = functools.partial(
+            self.broker.publish,
+            raw.body,
+            queue=target,
+            persist=True,
+            headers={**(raw.headers or {}), **extra},
+            content_type=raw.content_type,
+            content_encoding=raw.content_encoding,
+            message_id=raw.message_id,
+            message_type=raw.type,
+            correlation_id=raw.correlation_id,
+            reply_to=raw.reply_to,
+            timestamp=raw.timestamp,
+            priority=raw.priority,
+        )
+        if isinstance(raw, PatchedMessage):  # TestRabbitBroker: runs the target's subscriber
+            await publish()
+            return
+        try:
+            confirmed = await publish(mandatory=True, timeout=self.timeout)
+        except DeliveryError as exc:
+            raise Refused(f"nacked by the broker: {exc}") from exc
+        except TimeoutError as exc:
+            raise Refused(f"no publisher confirm within {self.timeout:g} s") from exc
+        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(confirmed, aiormq.spec.Basic.Ack):
+            return
+        if confirmed is None:
+            raise Refused("not confirmed: the broker's channel has publisher confirms off")
+        raise Refused(f"no queue {target!r}: returned unroutable")
+
+    def settleable(self, msg: StreamMessage[Any]) -> bool:
+        channel = getattr(msg.raw_message, "channel", None)
+        return channel is not None and not getattr(channel, "is_closed", True)

@@ -28,6 +28,7 @@ from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.exc import DBAPIError
 
 from inbox._retry import is_transient
+from inbox._startup import wait_for_schema
 from inbox.broker._relay_listen import Wakeup
 from inbox.broker._relay_publish import BatchPublisher, BrokerLost, Sent
 from inbox.broker._relay_refusals import error_line, refusal_delay
@@ -108,6 +109,13 @@ class Relay:
         """Stop cleanly: the batch in flight is published, confirmed and deleted; the
         rest stays for the next run. Safe from another thread or a signal handler."""
         self._stopping.set()
+
+    def prepare(self, max_retries: int | None = 3) -> None:
+        """Check the outbox table is there (:func:`inbox._startup.wait_for_schema`) and
+        connect to the broker, each retried up to ``max_retries`` times: call this before
+        :meth:`run` to fail fast on a bad configuration. Raises what failed."""
+        wait_for_schema(self.engine, [self._rows.table], retries=max_retries or 0)
+        self._publisher.connect(self._stop_check, max_retries=max_retries)
 
     def run(self) -> None:
         """Send rows until :meth:`stop`, reconnecting to the broker and the database for

@@ -1,24 +1,30 @@
 """The broker edge: a kombu worker that feeds deliveries to ``Inbox.process`` and acks after
-commit, its retry and dead-letter policy, and a publisher that stamps UUIDv7 ids."""
+commit, its retry and dead-letter policy, a publisher that stamps UUIDv7 ids, and the outbox
+relay."""
 
 import warnings
 
 from inbox.broker._policy import DeadLetterReason
 from inbox.broker.errors import PublishError
 from inbox.broker.publisher import Publisher
+from inbox.broker.relay import OutboxStatus, Relay, RelayStats, outbox_status
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.broker.worker import Worker, WorkerStats, install_signal_handlers
 
 __all__ = [
     "DeadLetterReason",
+    "OutboxStatus",
     "PublishError",
     "Publisher",
     "QueueTopology",
     "QueueType",
+    "Relay",
+    "RelayStats",
     "RetryPolicy",
     "Worker",
     "WorkerStats",
     "install_signal_handlers",
+    "outbox_status",
 ]
 
 

@@ -32,11 +32,12 @@ __all__ = [
     "INBOX_VERSION_TABLE",
     "SchemaNotReady",
     "check_schema",
-    "check_worker_schema",
     "inbox_engine",
     "inbox_revisions",
     "required_revision",
     "wait_for_schema",
+    "worker_engine",
+    "worker_tables",
 ]
 
 INBOX_VERSION_TABLE: Final = "inbox_alembic_version"
@@ -181,11 +182,12 @@ def _recorded(engine: Engine, version_table: str, schema: str | None) -> list[st
         return []
 
 
-def check_worker_schema(inbox: InboxBase[Any], *, retries: int = 3) -> Engine | None:
-    """:func:`wait_for_schema` for what an inbox's handlers use: its claim table and the
-    effect table. Returns the engine checked, or None when the inbox's sessions are not
-    bound yet (the first message then reports that)."""
-    engine = inbox_engine(inbox._session_factory, inbox.table.insert())
-    if engine is not None:
-        wait_for_schema(engine, (inbox.table, inbox_effect), retries=retries)
-    return engine
+def worker_engine(inbox: InboxBase[Any]) -> Engine | None:
+    """The engine an inbox claims on, or None when its sessions are not bound (yet): then
+    there is nothing to check before the first message, which reports that."""
+    return inbox_engine(inbox._session_factory, inbox.table.insert())
+
+
+def worker_tables(inbox: InboxBase[Any]) -> tuple[Table, ...]:
+    """The tables a worker for ``inbox`` uses: its claim table and the effect table."""
+    return (inbox.table, inbox_effect)

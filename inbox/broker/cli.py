@@ -35,7 +35,7 @@ from inbox._cli import (
     whole_number,
 )
 from inbox._oneline import bounded
-from inbox._startup import SchemaNotReady, check_worker_schema
+from inbox._startup import SchemaNotReady, wait_for_schema, worker_engine, worker_tables
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
 from inbox.broker.connection import safe_uri
@@ -247,17 +247,15 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
 
 def _schema_error(inbox: Inbox, retries: int) -> str | None:
     """Why the database is not ready for this worker, on one line; None when it is."""
+    engine = worker_engine(inbox)
+    if engine is None:
+        return None
     try:
-        check_worker_schema(inbox, retries=retries)
+        wait_for_schema(engine, worker_tables(inbox), retries=retries)
     except SchemaNotReady as exc:
         return str(exc)
     except Exception as exc:  # unreachable, refused: one line, never a traceback
-        engine = getattr(exc, "engine", None)
-        return (
-            f"database: {_first_line(exc)}"
-            if engine is None
-            else database_error_line(exc, engine.url)
-        )
+        return database_error_line(exc, engine.url)
     return None
 
 
@@ -313,3 +311,4 @@ def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
         logging.getLogger("inbox.core").setLevel(logging.ERROR)
         logging.getLogger("kombu").setLevel(logging.WARNING)
         logging.getLogger("amqp").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # reading the revisions at start

@@ -1,0 +1,197 @@
+"""AsyncInbox.effect on every async driver: the blocking ledger through run_sync, the call
+awaited between its writes, cancellation recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, insert
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from support.aio import ASYNC_DRIVERS, AsyncDatabase, checked_out, fresh_async_database, run
+from support.databases import effects
+from support.effects import order
+from support.ledger import Provider, records
+
+from inbox import EffectError, HandlerFailed, Message, Outcome, UncertainEffect
+from inbox.aio import AsyncInbox
+from inbox.schema import inbox_effect
+
+
+@pytest.fixture(params=list(ASYNC_DRIVERS))
+def adb(
+    request: pytest.FixtureRequest, admin_engines: dict[str, Engine], tmp_path: Path
+) -> Iterator[AsyncDatabase]:
+    """A fresh database reached through each async driver in turn."""
+    yield from fresh_async_database(request.param, admin_engines, tmp_path)
+
+
+async def store_for(adb: AsyncDatabase, tmp_path: Path) -> AsyncEngine | None:
+    """aiosqlite needs a store of its own (a second file); the servers use their database."""
+    if adb.db.backend != "sqlite":
+        return None
+    store = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'effects.db'}")
+    async with store.begin() as connection:
+        await connection.run_sync(inbox_effect.create)
+    return store
+
+
+def blocking_records(adb: AsyncDatabase, tmp_path: Path) -> list[dict[str, Any]]:
+    if adb.db.backend != "sqlite":
+        return records(adb.db.engine)
+    engine = create_engine(f"sqlite:///{tmp_path / 'effects.db'}")
+    try:
+        return records(engine)
+    finally:
+        engine.dispose()
+
+
+async def deliver(inbox: AsyncInbox, message: Message) -> HandlerFailed | Outcome:
+    try:
+        return (await inbox.process(message)).outcome
+    except HandlerFailed as failed:
+        return failed
+
+
+def test_the_timeline_awaited(adb: AsyncDatabase, tmp_path: Path) -> None:
+    provider = Provider()
+    seen: list[Any] = []
+
+    async def main() -> None:
+        store = await store_for(adb, tmp_path)
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+            failing = [1]
+
+            async def send(key: uuid.UUID) -> dict[str, Any]:
+                await asyncio.sleep(0)
+                return provider.send(key)
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                receipt = await inbox.effect("provider.send", send)
+                seen.append(receipt)
+                await session.execute(insert(effects).values(ref=receipt["id"], handler="sms"))
+                if failing[0]:
+                    failing[0] -= 1
+                    raise TimeoutError("follow-up timed out")
+
+            message = order("m1", "sms.requested")
+            assert isinstance(await deliver(inbox, message), HandlerFailed)
+            assert await deliver(inbox, message) is Outcome.PROCESSED
+            assert await deliver(inbox, message) is Outcome.DUPLICATE
+            assert checked_out(engine) == 0
+        if store is not None:
+            await store.dispose()
+
+    run(main())
+    assert len(provider.calls) == 1
+    assert seen[0] == seen[1]
+    assert adb.db.effect_counts() == {("sms-1", "sms"): 1}
+    [record] = blocking_records(adb, tmp_path)
+    assert (record["status"], record["attempts"]) == ("done", 1)
+
+
+def test_at_most_once_and_a_plain_function_call_awaited(adb: AsyncDatabase, tmp_path: Path) -> None:
+    provider = Provider(failures=1)
+
+    async def main() -> list[HandlerFailed | Outcome]:
+        store = await store_for(adb, tmp_path)
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                await inbox.effect("provider.send", provider.send, mode="at-most-once")
+
+            message = order("m1", "sms.requested")
+            outcomes = [await deliver(inbox, message) for _ in range(2)]
+        if store is not None:
+            await store.dispose()
+        return outcomes
+
+    first, second = run(main())
+    assert isinstance(first, HandlerFailed)
+    assert isinstance(first.failures["sms.send"], TimeoutError)
+    assert isinstance(second, HandlerFailed)
+    assert isinstance(second.failures["sms.send"], UncertainEffect)
+    assert len(provider.calls) == 1
+
+
+def test_a_cancelled_call_is_recorded_failed_and_the_cancellation_propagates(
+    adb: AsyncDatabase, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        store = await store_for(adb, tmp_path)
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+            started = asyncio.Event()
+
+            async def hang(key: uuid.UUID) -> None:
+                started.set()
+                await asyncio.sleep(60)
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                await inbox.effect("provider.send", hang)
+
+            task = asyncio.create_task(inbox.process(order("m1", "sms.requested")))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert checked_out(engine) == 0
+        if store is not None:
+            await store.dispose()
+
+    run(main())
+    [record] = blocking_records(adb, tmp_path)
+    assert (record["status"], record["error"]) == ("failed", "CancelledError")
+
+
+def test_effect_outside_a_handler_and_a_blocking_store_are_refused(adb: AsyncDatabase) -> None:
+    async def main() -> None:
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            with pytest.raises(EffectError, match="only while a handler"):
+                await inbox.effect("provider.send", lambda key: None)
+            with pytest.raises(TypeError, match="must be an AsyncEngine"):
+                AsyncInbox(async_sessionmaker(engine), effect_store=adb.db.engine)  # type: ignore[arg-type]
+
+    run(main())
+
+
+def test_batches_awaited_return_stored_results(adb: AsyncDatabase, tmp_path: Path) -> None:
+    provider = Provider()
+
+    async def main() -> list[Any]:
+        store = await store_for(adb, tmp_path)
+        async with adb.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                await inbox.effect("provider.send", provider.send)
+                if message.body["ref"] == "bad":
+                    raise RuntimeError("this message fails")
+
+            results = await inbox.process_batch(
+                [order(ref, "sms.requested") for ref in ("a", "bad", "b", "c")]
+            )
+        if store is not None:
+            await store.dispose()
+        return results
+
+    results = run(main())
+    assert [isinstance(r, HandlerFailed) for r in results] == [False, True, False, False]
+    assert len(provider.calls) == 4
+    assert len(set(provider.calls)) == 4

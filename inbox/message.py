@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic
 
 import uuid6
 
@@ -37,6 +37,18 @@ _CANONICAL = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
 _EMPTY_HEADERS: Final[Mapping[str, Any]] = MappingProxyType({})
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    # Bare ``Message`` means ``Message[Any]``: a body of any shape, as decoded.
+    B = TypeVar("B", default=Any)
+else:
+    from typing import TypeVar
+
+    B = TypeVar("B")  # the default above is for type checkers; the runtime needs none
+
+T = TypeVar("T")
 
 
 def uuid7() -> uuid.UUID:
@@ -104,25 +116,28 @@ def _is_utf8(text: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True, init=False)
-class Message:
+class Message(Generic[B]):
     """An immutable message envelope: what a broker delivered, decoded.
 
     ``id`` is validated and normalised at construction (see :func:`parse_message_id`);
     ``headers`` is a read-only copy. An ``idempotency-key`` header, when present, must be a
     non-empty string: it is the producer's key for the business operation and deduplicates
     retried sends that carry fresh ids.
+
+    ``Message[OrderCreated]`` is a message whose body is an ``OrderCreated``: what a handler
+    registered with ``body=OrderCreated`` receives. Bare ``Message`` is ``Message[Any]``.
     """
 
     id: uuid.UUID
     type: str | None
-    body: Any
+    body: B
     headers: Mapping[str, Any]
 
     def __init__(
         self,
         id: uuid.UUID | str | bytes | None,
         type: str | None,
-        body: Any,
+        body: B,
         headers: Mapping[str, Any] | None = None,
     ) -> None:
         message_id = parse_message_id(id)
@@ -154,7 +169,7 @@ class Message:
         object.__setattr__(self, "body", body)
         object.__setattr__(self, "headers", frozen_headers)
 
-    def __reduce__(self) -> tuple[Callable[..., Message], tuple[Any, ...]]:
+    def __reduce__(self) -> tuple[Callable[..., Message[B]], tuple[Any, ...]]:
         # Picklable (for process pools) although headers are a read-only mapping proxy.
         return (Message, (self.id, self.type, self.body, dict(self.headers)))
 
@@ -162,11 +177,21 @@ class Message:
     def new(
         cls,
         type: str | None,
-        body: Any,
+        body: B,
         headers: Mapping[str, Any] | None = None,
-    ) -> Message:
+    ) -> Message[B]:
         """Return a new message stamped with a fresh UUIDv7 id."""
         return cls(id=uuid7(), type=type, body=body, headers=headers)
+
+    def with_body(self, body: T) -> Message[T]:
+        """This message (same id, type and headers) carrying ``body`` instead: how a
+        handler registered with ``body=`` receives its validated body."""
+        typed: Message[T] = object.__new__(Message)
+        object.__setattr__(typed, "id", self.id)
+        object.__setattr__(typed, "type", self.type)
+        object.__setattr__(typed, "body", body)
+        object.__setattr__(typed, "headers", self.headers)
+        return typed
 
     @property
     def idempotency_key(self) -> str | None:

@@ -19,6 +19,25 @@ class InvalidMessage(InboxError, ValueError):
     """A message cannot be processed as given: no id, an id that is not a UUID, a bad header."""
 
 
+class InvalidBody(InvalidMessage):
+    """A message's body does not validate as the ``body=`` type of a handler that takes it.
+
+    Raised by ``process()`` before any claim, so nothing of the message was committed; the
+    worker dead-letters it at once (``invalid-body``). ``reason`` names the fields and what
+    was wrong with them, never their values.
+    """
+
+    def __init__(self, handler: str, message_id: uuid.UUID, body_type: str, reason: str) -> None:
+        super().__init__(
+            f"message {message_id}: body is not a valid {body_type} for handler "
+            f"{handler!r}: {reason}"
+        )
+        self.handler = handler
+        self.message_id = message_id
+        self.body_type = body_type
+        self.reason = reason
+
+
 class RegistrationError(InboxError, ValueError):
     """A handler registration is invalid (duplicate name, unstable default name, bad option)."""
 

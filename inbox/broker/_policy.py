@@ -16,6 +16,7 @@ from inbox.broker import headers as h
 from inbox.broker.topology import RetryPolicy
 from inbox.errors import (
     HandlerFailed,
+    InvalidBody,
     InvalidKey,
     SessionConfigurationError,
     TransactionControlError,
@@ -54,6 +55,7 @@ class DeadLetterReason(StrEnum):
     INVALID_MESSAGE = "invalid-message"
     UNHANDLED_TYPE = "unhandled-type"
     INVALID_KEY = "invalid-key"
+    INVALID_BODY = "invalid-body"
     HANDLER_FAILED = "handler-failed"
     TRANSACTION_ENDED = "transaction-ended"
     UNCERTAIN_EFFECT = "uncertain-effect"
@@ -117,6 +119,8 @@ def decide(
         return DeadLetter(DeadLetterReason.UNHANDLED_TYPE, str(outcome))
     if isinstance(outcome, InvalidKey):
         return DeadLetter(DeadLetterReason.INVALID_KEY, str(outcome))
+    if isinstance(outcome, InvalidBody):
+        return DeadLetter(DeadLetterReason.INVALID_BODY, str(outcome))
     tries = tries_so_far + 1
     described = (
         describe_failure(outcome) if isinstance(outcome, HandlerFailed) else h.describe(outcome)

@@ -16,6 +16,7 @@ from kombu.message import Message as Delivery
 from inbox.broker import headers as h
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._inbound import read_delivery
+from inbox.broker._observe import observe_decision, traced_batch, traced_delivery
 from inbox.broker._policy import (
     Ack,
     DeadLetter,
@@ -67,6 +68,7 @@ class Dispatcher:
         self._on_halt = on_halt
         self._giving_back = giving_back
         self.halted_by: BaseException | None = None
+        self._system = "rabbitmq" if native_delays else "kombu"  # messaging.system
         self.last_activity = time.monotonic()
 
     def give_back(self, delivery: Delivery) -> None:
@@ -78,6 +80,12 @@ class Dispatcher:
         self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
     ) -> None:
         """Process one delivery through ``Inbox.process`` and settle it."""
+        with traced_delivery(self._system, topology.name, delivery):
+            self._handle(topology, delivery, decode_error)
+
+    def _handle(
+        self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
+    ) -> None:
         message = self._admit(topology, delivery, decode_error)
         if message is None:
             return
@@ -91,6 +99,11 @@ class Dispatcher:
 
     def handle_batch(self, batch: Sequence[Inbound]) -> None:
         """Process ``batch`` through ``Inbox.process_batch`` and settle each delivery."""
+        queues = [topology.name for topology, _, _ in batch]
+        with traced_batch(self._system, queues, [delivery for _, delivery, _ in batch]):
+            self._handle_batch(batch)
+
+    def _handle_batch(self, batch: Sequence[Inbound]) -> None:
         admitted = []
         for topology, delivery, decode_error in batch:
             message = self._admit(topology, delivery, decode_error)
@@ -150,6 +163,7 @@ class Dispatcher:
         message: Message | None,
         decision: Decision,
     ) -> None:
+        observe_decision(topology.name, delivery, decision)
         if isinstance(decision, Ack):
             # Ack only now: every handler's claim and effects are committed (or were by an
             # earlier delivery). A crash before this line means a redelivery, which the

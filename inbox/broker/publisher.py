@@ -23,6 +23,7 @@ from kombu.exceptions import ChannelError as KombuChannelError
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
+from inbox.broker._observe import traced_publish
 from inbox.broker.codec import encode_body
 from inbox.broker.connection import confirming_connection
 from inbox.broker.errors import PublishError
@@ -101,16 +102,20 @@ class Publisher:
             merged[IDEMPOTENCY_KEY_HEADER] = idempotency_key
         chosen_id = uuid7() if message_id is None else parse_message_id(message_id)
         encoded = encode_body(body, content_type)
-        self._send(
-            encoded.data,
-            routing_key=self._routing_key(routing_key),
-            exchange=self.exchange if exchange is None else exchange,
-            content_type=encoded.content_type,
-            content_encoding=encoded.content_encoding,
-            headers=merged,
-            message_id=str(chosen_id),
-            type=type,
-        )
+        chosen_key = self._routing_key(routing_key)
+        chosen_exchange = self.exchange if exchange is None else exchange
+        system = "rabbitmq" if self.connection.transport.driver_type == "amqp" else "kombu"
+        with traced_publish(system, chosen_exchange or chosen_key, str(chosen_id), merged):
+            self._send(
+                encoded.data,
+                routing_key=chosen_key,
+                exchange=chosen_exchange,
+                content_type=encoded.content_type,
+                content_encoding=encoded.content_encoding,
+                headers=merged,
+                message_id=str(chosen_id),
+                type=type,
+            )
         return chosen_id
 
     def publish_message(

@@ -27,6 +27,7 @@ from inbox.errors import (
     UnsupportedDialect,
 )
 from inbox.message import IDEMPOTENCY_KEY_HEADER, KEY_NAMESPACE, Message, uuid7
+from inbox.outbox import Outbox
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.retention import CleanupReport, cleanup
 
@@ -47,6 +48,7 @@ __all__ = [
     "InvalidMessage",
     "KeyFunc",
     "Message",
+    "Outbox",
     "Outcome",
     "ProcessResult",
     "PublishError",

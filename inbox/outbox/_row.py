@@ -113,7 +113,11 @@ def row_from_mapping(mapping: Mapping[str, Any]) -> OutboxRow:
 def headers_to_json(headers: Mapping[str, Any]) -> str:
     """``headers`` as JSON text for the ``headers`` column; :class:`~inbox.InvalidMessage`
     for a name or value an AMQP table cannot carry (see :mod:`inbox._headers`)."""
-    checked = check_headers(headers)
+    return encoded_headers(check_headers(headers))
+
+
+def encoded_headers(checked: Mapping[str, Any]) -> str:
+    """:func:`headers_to_json` for headers :func:`inbox._headers.check_headers` passed."""
     return json.dumps(
         {name: _encode(value) for name, value in checked.items()},
         ensure_ascii=True,

@@ -1,0 +1,138 @@
+"""``Outbox``: publish a message as a row in the caller's own transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Table
+
+from inbox._outgoing import InvalidArgumentType, outgoing
+from inbox.errors import InvalidMessage
+from inbox.message import Message
+from inbox.outbox._mapping import record_class, resolve_outbox_table
+from inbox.outbox._row import encoded_headers
+from inbox.outbox._session import joined_session
+from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    """Messages that go out if and only if the transaction that publishes them commits.
+
+    :meth:`publish` adds one row to the outbox table in the session's current transaction;
+    the relay (``inbox-relay``, :class:`inbox.broker.Relay`) sends each committed row as a
+    persistent, confirmed AMQP message under the row's id, then deletes it. A rolled-back
+    transaction leaves no row, so nothing is sent; a row sent twice (a relay crash between
+    the broker's confirm and the delete) carries the same ``message_id`` both times, which a
+    consumer's inbox deduplicates.
+
+    ``table`` is the outbox table: ``"name"``, ``"schema.name"`` or a SQLAlchemy ``Table``
+    made with :func:`inbox.schema.outbox_table`. It must be in the same database as the
+    writes it announces, or they do not commit together.
+    """
+
+    def __init__(self, table: str | Table = DEFAULT_OUTBOX_TABLE_NAME) -> None:
+        self.table: Table = resolve_outbox_table(table)
+        self._record = record_class(self.table)
+
+    def publish(
+        self,
+        session: Any,
+        type: str,
+        body: object,
+        *,
+        routing_key: str,
+        exchange: str = "",
+        idempotency_key: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        message_id: uuid.UUID | str | None = None,
+        content_type: str | None = None,
+    ) -> uuid.UUID:
+        """Add the message to ``session``'s current transaction; return its id.
+
+        The row is written with the session's next flush (at the latest, its commit), on
+        the session's connection: the message is sent only if that transaction commits.
+        Nothing is committed, flushed or begun here; ``session`` is a ``Session``, an
+        ``AsyncSession`` (no ``await`` needed) or a ``scoped_session``.
+
+        The arguments follow :meth:`inbox.broker.Publisher.publish`: ``body`` goes out as
+        JSON, or as ``application/octet-stream`` when it is ``bytes``; with
+        ``content_type`` it must be ``bytes`` or ``str``. ``idempotency_key`` becomes the
+        ``idempotency-key`` header (a consumer's inbox deduplicates on it). ``message_id``
+        (default: a new UUIDv7) must not be in the outbox already: the flush would fail with
+        an ``IntegrityError``.
+
+        Raises :class:`~inbox.InvalidMessage` for an argument that cannot be sent (an empty
+        type, an id that is no UUID, a body that does not encode, a header AMQP cannot
+        carry, an empty ``idempotency_key``, a routing key over 255 bytes...) and
+        :class:`~inbox.SessionConfigurationError` for a session in autocommit mode or with
+        no bind for the outbox table, in both cases before anything is written.
+        """
+        if not isinstance(type, str) or not type:
+            raise InvalidArgumentType(
+                f"an outbox message needs a type (a non-empty str), got {type!r}"
+            )
+        if not isinstance(routing_key, str):
+            raise InvalidArgumentType(f"routing_key must be a str, got {routing_key!r}")
+        message = outgoing(
+            type,
+            body,
+            routing_key=routing_key,
+            exchange=exchange,
+            idempotency_key=idempotency_key,
+            headers=headers,
+            message_id=message_id,
+            content_type=content_type,
+        )
+        stored_headers = encoded_headers(message.headers)
+        target = joined_session(session, self._record.__mapper__)
+        now = dt.datetime.now(dt.UTC)
+        target.add(
+            self._record(
+                id=message.id,
+                type=type,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                headers=stored_headers,
+                body=message.body,
+                created_at=now,
+                attempts=0,
+                available_at=now,
+                last_error=None,
+            )
+        )
+        return message.id
+
+    def publish_message(
+        self, session: Any, message: Message, *, routing_key: str, exchange: str = ""
+    ) -> uuid.UUID:
+        """Add an existing :class:`inbox.Message` under its own id (its type, body and
+        headers as they are); return the id. Otherwise as :meth:`publish`."""
+        if not isinstance(message, Message):
+            raise InvalidArgumentType(
+                f"publish_message() takes an inbox.Message, got {_name(message)}"
+            )
+        if message.type is None:
+            raise InvalidMessage(f"message {message.id} has no type: an outbox message needs one")
+        return self.publish(
+            session,
+            message.type,
+            message.body,
+            routing_key=routing_key,
+            exchange=exchange,
+            headers=message.headers,
+            message_id=message.id,
+        )
+
+    def __repr__(self) -> str:
+        return f"Outbox(table={self.table.fullname!r})"
+
+
+def _name(value: object) -> str:
+    return type(value).__name__

@@ -3,6 +3,7 @@ on a partitioned table, drop expired day partitions whole and clean the rest in 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from dataclasses import dataclass
@@ -10,12 +11,18 @@ from typing import Final
 
 from sqlalchemy import URL, Engine, Table, create_engine
 
+from inbox._effects import resolve_effect_table
 from inbox.retention._batches import count_expired, delete_in_batches
 from inbox.retention._catalog import is_partitioned, list_partitions
 from inbox.retention._drop import drop_partitions
+from inbox.retention._effects import (
+    count_expired_effects,
+    delete_expired_effects,
+    has_effect_table,
+)
 from inbox.retention._ids import first_id_at
 from inbox.retention._layout import partition_table
-from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME, resolve_table
 
 __all__ = ["MAX_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]
 
@@ -41,6 +48,9 @@ class CleanupReport:
     wait for the lock included. 0.0 for a dry run."""
     partitions_dropped: tuple[str, ...] = ()
     """Partitions dropped whole (partitioned tables only); their rows count in ``deleted``."""
+    effects_deleted: int = 0
+    """Effect records deleted with their claims (``Inbox.effect``); with ``dry_run``, the
+    records that would be. Not counted in ``deleted``."""
 
 
 def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime:
@@ -66,6 +76,7 @@ def cleanup(
     dry_run: bool = False,
     table: str | Table = DEFAULT_TABLE_NAME,
     now: dt.datetime | None = None,
+    effect_table: str | Table | None = DEFAULT_EFFECT_TABLE_NAME,
 ) -> CleanupReport:
     """Delete inbox claims whose ``processed_at`` is strictly older than ``now - days``.
 
@@ -76,6 +87,10 @@ def cleanup(
     (PostgreSQL), expired day partitions are dropped whole (see
     :func:`inbox.partitioning.drop_partitions`) and every other partition is cleaned in
     batches, one partition at a time; that needs the table's owner.
+
+    The records of :meth:`inbox.Inbox.effect` in ``effect_table`` (in the same database;
+    skipped when the table does not exist, or with ``effect_table=None``) go first, those
+    whose committed claim is past retention only: see docs/effects.md, "Cleanup".
     """
     cutoff = cutoff_for(days, now)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
@@ -83,18 +98,40 @@ def cleanup(
     if not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")
     inbox_table = resolve_table(table)
+    effects = None if effect_table is None else resolve_effect_table(effect_table)
     engine = bind if isinstance(bind, Engine) else create_engine(bind)
     started = time.perf_counter()
     try:
+        if effects is not None and not has_effect_table(engine, effects):
+            effects = None
         if dry_run:
             with engine.connect() as connection:
                 expired = count_expired(connection, inbox_table, cutoff)
-            return CleanupReport(expired, 0, time.perf_counter() - started, cutoff, True)
+            gone = (
+                0
+                if effects is None
+                else count_expired_effects(engine, effects, inbox_table, cutoff)
+            )
+            return CleanupReport(
+                expired, 0, time.perf_counter() - started, cutoff, True, effects_deleted=gone
+            )
+        # Effects first: while their claims are still there, no redelivery reads them.
+        gone, _, effect_longest = (
+            (0, 0, 0.0)
+            if effects is None
+            else delete_expired_effects(engine, effects, inbox_table, cutoff, batch_size)
+        )
         if is_partitioned(engine, inbox_table):
-            return _cleanup_partitioned(engine, inbox_table, cutoff, batch_size, started)
-        deleted, batches, longest = delete_in_batches(engine, inbox_table, cutoff, batch_size)
-        elapsed = time.perf_counter() - started
-        return CleanupReport(deleted, batches, elapsed, cutoff, False, longest)
+            report = _cleanup_partitioned(engine, inbox_table, cutoff, batch_size, started)
+        else:
+            deleted, batches, longest = delete_in_batches(engine, inbox_table, cutoff, batch_size)
+            elapsed = time.perf_counter() - started
+            report = CleanupReport(deleted, batches, elapsed, cutoff, False, longest)
+        return dataclasses.replace(
+            report,
+            longest_batch_seconds=max(report.longest_batch_seconds, effect_longest),
+            effects_deleted=gone,
+        )
     finally:
         if not isinstance(bind, Engine):
             engine.dispose()

@@ -134,6 +134,8 @@ def _summary(report: CleanupReport, table: str, created: list[str]) -> str:
     )
     if not report.dry_run:
         line += f" (longest {report.longest_batch_seconds * 1000:.0f} ms)"
+    if report.effects_deleted:
+        line += f", and {report.effects_deleted} effect records of those claims"
     if report.partitions_dropped or created:
         line += f", {len(report.partitions_dropped)} partitions dropped, {len(created)} created"
     return f"{line}, {report.seconds:.2f} s\n"

@@ -8,51 +8,15 @@ deserializer that executes code.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Final
 
-JSON: Final = "application/json"
-BINARY: Final = "application/octet-stream"
+# Encoding lives in the core (the outbox encodes bodies without kombu); re-exported here.
+from inbox._outgoing import BINARY, JSON, EncodedBody, encode_body
+
+__all__ = ["BINARY", "JSON", "EncodedBody", "UndecodableBody", "decode_body", "encode_body"]
 
 
 class UndecodableBody(ValueError):
     """The body does not decode under its content type (or the worker's default)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedBody:
-    """A body ready to publish: its bytes and the AMQP properties that describe them."""
-
-    data: bytes
-    content_type: str
-    content_encoding: str
-
-
-def encode_body(body: object, content_type: str | None = None) -> EncodedBody:
-    """Encode ``body`` for publishing.
-
-    Without ``content_type``: ``bytes`` go out as ``application/octet-stream``, everything
-    else as JSON (``TypeError`` if it is not JSON-serializable). With ``content_type``, the
-    body must already be ``bytes`` or ``str`` (sent as UTF-8).
-    """
-    if content_type is not None:
-        if not isinstance(content_type, str) or not content_type.strip():
-            raise ValueError(f"content_type must be a non-empty string, got {content_type!r}")
-        if isinstance(body, bytes):
-            return EncodedBody(body, content_type, "binary")
-        if isinstance(body, str):
-            return EncodedBody(body.encode("utf-8"), content_type, "utf-8")
-        raise TypeError(
-            f"with content_type={content_type!r} the body must be bytes or str, "
-            f"got {type(body).__name__}"
-        )
-    if isinstance(body, bytes | bytearray | memoryview):
-        return EncodedBody(bytes(body), BINARY, "binary")
-    try:
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"body is not JSON-serializable: {exc}") from exc
-    return EncodedBody(text.encode("utf-8"), JSON, "utf-8")
 
 
 def decode_body(

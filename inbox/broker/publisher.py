@@ -23,11 +23,11 @@ from kombu.exceptions import ChannelError as KombuChannelError
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
+from inbox._outgoing import outgoing
 from inbox.broker._observe import traced_publish
-from inbox.broker.codec import encode_body
 from inbox.broker.connection import confirming_connection
 from inbox.broker.errors import PublishError
-from inbox.message import IDEMPOTENCY_KEY_HEADER, Message, parse_message_id, uuid7
+from inbox.message import Message
 
 __all__ = ["Publisher"]
 
@@ -84,37 +84,35 @@ class Publisher:
         with ``content_type`` it must be ``bytes`` or ``str``. ``idempotency_key`` goes in the
         ``idempotency-key`` header: re-sends of one business operation with fresh ids are then
         deduplicated too. ``message_id`` re-sends a message under the id it already has.
+        An argument that cannot be sent raises :class:`inbox.InvalidMessage` (also a
+        ``TypeError`` for a wrong type) before anything is sent: the rules of
+        :meth:`inbox.Outbox.publish`, checked in one place (``inbox._outgoing``).
         """
-        if type is not None and not isinstance(type, str):
-            raise TypeError(f"type must be a str or None, got {_name(type)}")
-        merged: dict[str, Any] = dict(headers or {})
-        if idempotency_key is not None:
-            if not isinstance(idempotency_key, str) or not idempotency_key:
-                raise ValueError(
-                    f"idempotency_key must be a non-empty str, got {idempotency_key!r}"
-                )
-            present = merged.get(IDEMPOTENCY_KEY_HEADER)
-            if present is not None and present != idempotency_key:
-                raise ValueError(
-                    f"idempotency_key={idempotency_key!r} contradicts the "
-                    f"{IDEMPOTENCY_KEY_HEADER!r} header {present!r}"
-                )
-            merged[IDEMPOTENCY_KEY_HEADER] = idempotency_key
-        chosen_id = uuid7() if message_id is None else parse_message_id(message_id)
-        encoded = encode_body(body, content_type)
-        chosen_key = self._routing_key(routing_key)
-        chosen_exchange = self.exchange if exchange is None else exchange
+        message = outgoing(
+            type,
+            body,
+            routing_key=self.routing_key if routing_key is None else routing_key,
+            exchange=self.exchange if exchange is None else exchange,
+            idempotency_key=idempotency_key,
+            headers=headers,
+            message_id=message_id,
+            content_type=content_type,
+        )
+        chosen_id = message.id
+        merged = message.headers
         system = "rabbitmq" if self.connection.transport.driver_type == "amqp" else "kombu"
-        with traced_publish(system, chosen_exchange or chosen_key, str(chosen_id), merged):
+        with traced_publish(
+            system, message.exchange or message.routing_key, str(chosen_id), merged
+        ):
             self._send(
-                encoded.data,
-                routing_key=chosen_key,
-                exchange=chosen_exchange,
-                content_type=encoded.content_type,
-                content_encoding=encoded.content_encoding,
+                message.body,
+                routing_key=message.routing_key,
+                exchange=message.exchange,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
                 headers=merged,
                 message_id=str(chosen_id),
-                type=type,
+                type=message.type,
             )
         return chosen_id
 
@@ -148,12 +146,6 @@ class Publisher:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def _routing_key(self, routing_key: str | None) -> str:
-        chosen = self.routing_key if routing_key is None else routing_key
-        if not isinstance(chosen, str) or (not chosen and not self.exchange):
-            raise ValueError("a routing key (the queue name, on the default exchange) is needed")
-        return chosen
 
     def _send(self, data: bytes, *, routing_key: str, exchange: str, **properties: Any) -> None:
         producer = self._producer

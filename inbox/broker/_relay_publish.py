@@ -41,6 +41,9 @@ class Sent:
     refused: dict[uuid.UUID, str] = field(default_factory=dict)
     unconfirmed: list[uuid.UUID] = field(default_factory=list)
     lost: BaseException | None = None
+    repeated: int = 0
+    """Rows published again one at a time after a channel closed before their answer (the
+    first copy may have arrived)."""
 
 
 class BatchPublisher:
@@ -151,11 +154,13 @@ class BatchPublisher:
             # may come out of order): every unanswered row goes again, one at a time.
             self._channel = None
             self._collect(rows, sent)
+            answered = set(sent.confirmed) | set(sent.refused)
+            sent.repeated = sum(1 for row in rows if row.id not in answered)
             logger.warning(
                 "the broker closed the publishing channel (%s); sending the %d unanswered "
                 "rows one at a time to find the one it refused",
                 error_line(exc),
-                len(rows) - len(sent.confirmed) - len(sent.refused),
+                sent.repeated,
             )
             self._isolate(ready, sent)
             return

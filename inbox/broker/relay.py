@@ -277,7 +277,7 @@ class Relay:
     def _count(self, taken: Taken, sent: Sent) -> None:
         self.stats.batches += 1
         self.stats.published += len(sent.confirmed)
-        self.stats.unconfirmed += len(sent.unconfirmed)
+        self.stats.unconfirmed += len(sent.unconfirmed) + sent.repeated
         refused = len(taken.unreadable) + len(sent.refused)
         self.stats.refused += refused
         if refused:

@@ -87,6 +87,10 @@ class Worker(ConsumerMixin):
         self._batch: list[Inbound] = []
         self._busy = False
         self._last_stats = time.monotonic()
+        self.heartbeat = time.monotonic()
+        """When the consume loop last turned (``time.monotonic()``), for ``/healthz``."""
+        self.consuming = False
+        """Connected and consuming, for ``/readyz``."""
 
     @property
     def native_delays(self) -> bool:
@@ -175,11 +179,13 @@ class Worker(ConsumerMixin):
                 yield connection
             finally:
                 self._live_connection = None
+                self.consuming = False
 
     def on_consume_ready(
         self, connection: Connection, channel: Any, consumers: Any, **kwargs: Any
     ) -> None:
         """Log what the worker consumes, once per (re)connection."""
+        self.consuming = True
         logger.info(
             "consuming %s (prefetch %d, batch size %d, %s queues, max tries %d, retry delays %s)",
             ", ".join(t.name for t in self.topologies),
@@ -203,6 +209,7 @@ class Worker(ConsumerMixin):
         """After a clean stop (the consumers are cancelled: nothing more arrives), finish
         the deliveries in hand and forward the held ones, while the channel is open.
         Requeueing them instead would count against a quorum queue's delivery limit."""
+        self.consuming = False
         self._exclusive(self._finish_in_hand)
         if self._dispatch.halted_by is None:
             self._forwarder.flush()
@@ -210,6 +217,7 @@ class Worker(ConsumerMixin):
 
     def on_iteration(self) -> None:
         """Between deliveries: finish a batch, release due retries, log stats."""
+        self.heartbeat = time.monotonic()
         self._exclusive(self._between_deliveries)
         now = time.monotonic()
         if self._stats_interval is not None and now - self._last_stats >= self._stats_interval:
@@ -221,6 +229,7 @@ class Worker(ConsumerMixin):
 
     def on_connection_error(self, exc: Exception, interval: float) -> None:
         """Log a failed (re)connection attempt; kombu retries it after ``interval``."""
+        self.heartbeat = time.monotonic()  # reconnecting is the loop turning: /readyz says so
         self._stop_check()
         logger.warning("broker connection failed (%s); retrying in %.1f s", exc, interval)
 

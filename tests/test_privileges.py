@@ -97,6 +97,8 @@ def test_cleanup_needs_select_update_and_delete(pg_db: Database, role: str) -> N
             [{"message_id": uuid.uuid4().bytes, "handler": "h", "processed_at": old} for _ in "ab"],
         )
         connection.execute(text(f"GRANT SELECT, DELETE ON inbox_message TO {role}"))
+        # Effect records go with their claims: selected through them, deleted by key.
+        connection.execute(text(f"GRANT SELECT, DELETE ON inbox_effect TO {role}"))
     url = as_role(pg_db, role)
     with pytest.raises(ProgrammingError, match="permission denied"):
         cleanup(url, days=30)  # FOR UPDATE needs UPDATE as well

@@ -7,7 +7,7 @@ import inspect
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
 from sqlalchemy.orm import Session
@@ -37,12 +37,22 @@ KeyFunc: TypeAlias = Callable[[Message], str | uuid.UUID | bytes]
 
 @dataclass(frozen=True, slots=True)
 class RegisteredHandler:
-    """A handler as registered: its stable name, the type it takes (None: all), its key."""
+    """A handler as registered: its stable name, the type it takes (None: all), its key,
+    and its ``body=`` type with the parser that checks a body against it (None: any body)."""
 
     name: str
     message_type: str | None
     func: HandlerFunc
     key: KeyFunc | None
+    body_type: type[Any] | None = None
+    parse_body: Callable[[object], object] | None = None
+
+    def bound_to(self, message: Message) -> RegisteredHandler:
+        """A copy whose ``func`` and ``key`` are called with ``message`` (the delivered
+        message with its body validated) whatever message they are given: what planning
+        hands on for a handler with ``body=``, so every way of running handlers passes it."""
+        key = None if self.key is None else functools.partial(_key_with, self.key, message)
+        return replace(self, func=functools.partial(_call_with, self.func, message), key=key)
 
     def claim_key(self, message: Message) -> bytes:
         """The 16 bytes this handler claims ``message`` under: its ``key=`` function's value,
@@ -66,6 +76,14 @@ class RegisteredHandler:
             return key_bytes(value)
         except ValueError as exc:
             raise InvalidKey(self.name, message.id, str(exc)) from None
+
+
+def _call_with(func: HandlerFunc, typed: Message, _delivered: Message, session: Session) -> object:
+    return func(typed, session)
+
+
+def _key_with(key: KeyFunc, typed: Message, _delivered: Message) -> str | uuid.UUID | bytes:
+    return key(typed)
 
 
 def default_name(func: Callable[..., Any]) -> str:

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from inbox._bodies import BodyRejected
 from inbox._handlers import RegisteredHandler, Registry
 from inbox.errors import (
     HandlerFailed,
+    InvalidBody,
     SessionConfigurationError,
     UnhandledMessage,
     UnsupportedDialect,
@@ -64,7 +66,8 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
     message no handler takes (when the inbox ignores those).
 
     Raises :class:`~inbox.UnhandledMessage` for a type no handler takes (unless ignored) and
-    :class:`~inbox.InvalidKey` when a key cannot be derived: then nothing runs at all.
+    :class:`~inbox.InvalidKey` when a key cannot be derived and :class:`~inbox.InvalidBody`
+    when a body does not validate as a handler's ``body=`` type: then nothing runs at all.
     """
     if not isinstance(message, Message):
         raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
@@ -74,7 +77,34 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
             raise UnhandledMessage(message.id, message.type)
         logger.info("message %s of type %r ignored: no handler", message.id, message.type)
         return ProcessResult(message.id, {})
-    return Planned(message, handlers, [handler.claim_key(message) for handler in handlers])
+    bound = _with_bodies(message, handlers)
+    return Planned(message, bound, [handler.claim_key(message) for handler in bound])
+
+
+def _with_bodies(
+    message: Message, handlers: Sequence[RegisteredHandler]
+) -> Sequence[RegisteredHandler]:
+    """``handlers``, each with a ``body=`` type bound to the message carrying its validated
+    body (see :meth:`RegisteredHandler.bound_to`); :class:`~inbox.InvalidBody` for the
+    first body that does not validate, so nothing is claimed."""
+    if all(handler.parse_body is None for handler in handlers):
+        return handlers
+    typed: dict[type, Message] = {}
+    bound = []
+    for handler in handlers:
+        if handler.parse_body is None or handler.body_type is None:
+            bound.append(handler)
+            continue
+        if handler.body_type not in typed:
+            try:
+                body = handler.parse_body(message.body)
+            except BodyRejected as exc:
+                raise InvalidBody(
+                    handler.name, message.id, handler.body_type.__qualname__, exc.reason
+                ) from None
+            typed[handler.body_type] = message.with_body(body)
+        bound.append(handler.bound_to(typed[handler.body_type]))
+    return bound
 
 
 def describe(handler: RegisteredHandler, message: Message) -> str:

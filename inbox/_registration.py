@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
 
+from inbox._bodies import body_parser
 from inbox._claim import Claims
 from inbox._commit_guard import Guards, transaction_guards
 from inbox._handlers import (
@@ -80,10 +81,12 @@ class InboxBase(abc.ABC, Generic[S]):
         """Every registered handler, in registration order."""
         return tuple(self._registry)
 
-    def _decorator(self, func_or_type: Any, name: str | None, key: KeyFunc | None) -> Any:
+    def _decorator(
+        self, func_or_type: Any, name: str | None, key: KeyFunc | None, body: object = None
+    ) -> Any:
         """The body of ``handler()``: register a bare function, or return the decorator."""
         if callable(func_or_type) and not isinstance(func_or_type, str):
-            return self._register(func_or_type, None, name=name, key=key)
+            return self._register(func_or_type, None, name=name, key=key, body=body)
         message_type = func_or_type
         if message_type is not None and (not isinstance(message_type, str) or not message_type):
             raise RegistrationError(
@@ -91,12 +94,18 @@ class InboxBase(abc.ABC, Generic[S]):
             )
 
         def decorate(func: F) -> F:
-            return self._register(func, message_type, name=name, key=key)
+            return self._register(func, message_type, name=name, key=key, body=body)
 
         return decorate
 
     def _register(
-        self, func: F, message_type: str | None, *, name: str | None, key: KeyFunc | None
+        self,
+        func: F,
+        message_type: str | None,
+        *,
+        name: str | None,
+        key: KeyFunc | None,
+        body: object = None,
     ) -> F:
         if not callable(func):
             raise RegistrationError(f"a handler must be callable, got {type(func).__name__}")
@@ -107,7 +116,11 @@ class InboxBase(abc.ABC, Generic[S]):
             refuse_async(key, what="key function")  # keys are derived before any I/O
         handler_name = validate_name(default_name(func) if name is None else name)
         handler_func: HandlerFunc = func  # the async inbox calls it as what it is
-        self._registry.add(RegisteredHandler(handler_name, message_type, handler_func, key))
+        body_type = None if body is None else cast("type[Any]", body)
+        parse = None if body is None else body_parser(body)
+        self._registry.add(
+            RegisteredHandler(handler_name, message_type, handler_func, key, body_type, parse)
+        )
         self._guards[handler_name] = transaction_guards(handler_name)
         return func
 

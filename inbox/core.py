@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
@@ -26,6 +27,8 @@ from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 __all__ = ["Inbox"]
 
 H = TypeVar("H", bound=HandlerFunc)
+B = TypeVar("B")  # a handler's body= type
+R = TypeVar("R")
 
 
 class Inbox(InboxBase[Session]):
@@ -80,6 +83,17 @@ class Inbox(InboxBase[Session]):
         key: KeyFunc | None = None,
     ) -> Callable[[H], H]: ...
 
+    @overload
+    def handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        body: type[B],
+        name: str | None = None,
+        key: Callable[[Message[B]], str | uuid.UUID | bytes] | None = None,
+    ) -> Callable[[Callable[[Message[B], Session], R]], Callable[[Message[B], Session], R]]: ...
+
     def handler(
         self,
         func_or_type: Any = None,
@@ -87,14 +101,18 @@ class Inbox(InboxBase[Session]):
         *,
         name: str | None = None,
         key: KeyFunc | None = None,
+        body: type[Any] | None = None,
     ) -> Any:
         """Register a handler. Bare ``@inbox.handler`` takes every message; called with a
         type it takes that type only. ``name=`` pins the stored handler name (default:
         ``module.qualname``); ``key=`` derives a business idempotency key from the message.
+        ``body=`` (a dataclass or pydantic model) validates each body before any claim: the
+        handler gets a ``Message[that type]``, and a body that does not validate is
+        :class:`InvalidBody` (docs/guide.md, "Typed bodies").
 
         The decorator only registers: it returns the function unchanged.
         """
-        return self._decorator(func_or_type, name, key)
+        return self._decorator(func_or_type, name, key, body)
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
         refuse_async(func)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, TypeVar, overload
 
@@ -30,6 +31,8 @@ AsyncHandlerFunc: TypeAlias = Callable[[Message, AsyncSession], Awaitable[object
 """An async handler: awaited with the message and the ``AsyncSession`` holding the claim."""
 
 A = TypeVar("A", bound=AsyncHandlerFunc)
+B = TypeVar("B")  # a handler's body= type
+R = TypeVar("R")
 
 
 class AsyncInbox(InboxBase[AsyncSession]):
@@ -90,6 +93,20 @@ class AsyncInbox(InboxBase[AsyncSession]):
         key: KeyFunc | None = None,
     ) -> Callable[[A], A]: ...
 
+    @overload
+    def handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        body: type[B],
+        name: str | None = None,
+        key: Callable[[Message[B]], str | uuid.UUID | bytes] | None = None,
+    ) -> Callable[
+        [Callable[[Message[B], AsyncSession], Awaitable[R]]],
+        Callable[[Message[B], AsyncSession], Awaitable[R]],
+    ]: ...
+
     def handler(
         self,
         func_or_type: Any = None,
@@ -97,15 +114,16 @@ class AsyncInbox(InboxBase[AsyncSession]):
         *,
         name: str | None = None,
         key: KeyFunc | None = None,
+        body: type[Any] | None = None,
     ) -> Any:
         """Register an ``async def`` handler, in the forms :meth:`inbox.Inbox.handler`
-        takes (bare, a type, ``name=``, ``key=``). ``key=`` stays a plain function: keys
+        takes (bare, a type, ``name=``, ``key=``, ``body=``). ``key=`` stays a plain function: keys
         are derived before any I/O. A plain ``def`` handler is a
         :class:`~inbox.RegistrationError` here.
 
         The decorator only registers: it returns the function unchanged.
         """
-        return self._decorator(func_or_type, name, key)
+        return self._decorator(func_or_type, name, key, body)
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
         require_async(func)

@@ -1,0 +1,177 @@
+"""The subcommands of ``inbox``, each from parsed arguments to printed lines and an exit
+code. Errors propagate to :func:`inbox.admin.cli.admin_main`, which prints them as one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from sqlalchemy import Engine, Table
+
+from inbox._cli import EXIT_OK, EXIT_USAGE
+from inbox.admin import _claims, _dlq, _render, _status
+
+__all__ = [
+    "EXIT_NOT_FOUND",
+    "Streams",
+    "Tables",
+    "dlq",
+    "release",
+    "show",
+    "status",
+    "terminal_confirm",
+]
+
+EXIT_NOT_FOUND = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The tables the commands read, as named on the command line."""
+
+    claims: Table
+    effects: Table
+    outbox: Table
+
+
+@dataclass(frozen=True, slots=True)
+class Streams:
+    """Where output goes, and how to ask yes or no (None: there is no one to ask)."""
+
+    out: TextIO
+    err: TextIO
+    confirm: Callable[[str], bool] | None
+
+
+def terminal_confirm() -> Callable[[str], bool] | None:
+    """A yes/no question on the terminal; None when stdin is not one (cron, a pipe)."""
+    if not sys.stdin.isatty():
+        return None
+
+    def ask(question: str) -> bool:
+        sys.stderr.write(f"{question} [y/N] ")
+        sys.stderr.flush()
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+    return ask
+
+
+def status(
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
+) -> int:
+    """``inbox status``."""
+    report = _status.read_status(engine, tables.claims, tables.outbox, tables.effects)
+    for queue in args.queues:
+        assert broker is not None  # checked with the arguments
+        with _dlq.open_channel(broker) as channel:
+            name = _dlq.dead_letter_queue(queue)
+            report.dead_letters[name] = _dlq.depth(channel, name)
+    if args.json:
+        io.out.write(_render.as_json(report))
+    else:
+        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+    return EXIT_OK
+
+
+def show(
+    engine: Engine,
+    tables: Tables,
+    keys: tuple[_claims.LookupKey, ...],
+    args: argparse.Namespace,
+    io: Streams,
+) -> int:
+    """``inbox show``: exit 3 when no handler processed the message."""
+    found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
+    if args.json:
+        io.out.write(_render.as_json(found))
+    elif found:
+        io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
+    else:
+        io.out.write(f"no claim for {_asked(keys, args.handler)}\n")
+    return EXIT_OK if found.claims else EXIT_NOT_FOUND
+
+
+def release(
+    engine: Engine,
+    tables: Tables,
+    keys: tuple[_claims.LookupKey, ...],
+    args: argparse.Namespace,
+    io: Streams,
+) -> int:
+    """``inbox release``: exit 3 when there was nothing to release, 2 when not confirmed."""
+    found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
+    if not found:
+        io.out.write(
+            f"nothing to release: no claim or effect record for {_asked(keys, args.handler)}\n"
+        )
+        return EXIT_NOT_FOUND
+    io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
+    if not args.yes:
+        question = (
+            f"release these {len(found.claims)} claim(s) and {len(found.effects)} effect record(s)?"
+        )
+        if io.confirm is None:
+            io.err.write(
+                "inbox: error: refusing to release without --yes (no terminal to ask on)\n"
+            )
+            return EXIT_USAGE
+        if not io.confirm(question):
+            io.err.write("inbox: nothing released\n")
+            return EXIT_USAGE
+    removed = _claims.release(engine, tables.claims, tables.effects, keys, args.handler)
+    io.out.write(
+        f"released: {len(removed.claims)} claim(s) and {len(removed.effects)} effect record(s) "
+        f"of {args.handler} deleted; the next delivery runs it again\n"
+    )
+    return EXIT_OK
+
+
+def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
+    """``inbox dlq list`` and ``inbox dlq replay``."""
+    with _dlq.open_channel(broker) as channel:
+        if args.dlq_command == "list":
+            present, letters = _dlq.peek(channel, args.queue, args.limit)
+            if args.json:
+                io.out.write(_render.as_json({"present": present, "dead_letters": letters}))
+            else:
+                io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
+                io.out.writelines(f"{_render.dead_letter_line(x)}\n" for x in letters)
+            return EXIT_OK
+        options = _dlq.ReplayOptions(
+            limit=args.limit,
+            max_replays=args.max_replays,
+            reasons=frozenset(args.reason),
+            handlers=frozenset(args.handler),
+            keep_tries=args.keep_tries,
+            dry_run=args.dry_run,
+        )
+        show_progress = not args.quiet and io.err.isatty()
+        report = _dlq.replay(
+            channel, args.queue, options, _progress(io.err) if show_progress else None
+        )
+    if show_progress:
+        io.err.write("\n")
+    if not args.quiet:
+        io.out.write(f"{_render.replay_line(report)}\n")
+        for letter in report.replayed_too_often:
+            io.out.write(
+                f"  left (replayed {letter.replays} times): {_render.dead_letter_line(letter)}\n"
+            )
+    return EXIT_OK
+
+
+def _progress(err: TextIO) -> Callable[[_dlq.ReplayReport], None]:
+    def show(report: _dlq.ReplayReport) -> None:
+        if report.examined % 100 == 0 or report.examined == report.present:
+            err.write(f"\r{report.examined}/{report.present} read, {report.replayed} replayed")
+            err.flush()
+
+    return show
+
+
+def _asked(keys: tuple[_claims.LookupKey, ...], handler: str | None) -> str:
+    what = " or ".join(f"the {k.how}" for k in keys)
+    return what + (f" and handler {handler}" if handler else "")

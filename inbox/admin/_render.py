@@ -1,0 +1,119 @@
+"""The text and JSON that ``inbox`` prints: one line per fact, times in UTC ISO 8601."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from inbox._oneline import bounded
+from inbox.admin._claims import Found
+from inbox.admin._dlq import DeadLetter, ReplayReport, summary_fields
+from inbox.admin._status import StatusReport
+
+__all__ = ["as_json", "dead_letter_line", "found_lines", "replay_line", "status_lines", "when"]
+
+
+def when(value: dt.datetime | None) -> str:
+    """A time as printed: UTC, to the second; ``-`` for none."""
+    return "-" if value is None else value.astimezone(dt.UTC).isoformat(timespec="seconds")
+
+
+def as_json(value: object) -> str:
+    """``value`` (dataclasses, dicts, lists, times, UUIDs) as one JSON document."""
+    return json.dumps(_plain(value), indent=2, sort_keys=False) + "\n"
+
+
+def _plain(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def status_lines(report: StatusReport) -> Iterator[str]:
+    """``inbox status`` as text."""
+    total = sum(c.count for c in report.claims)
+    size = "" if report.size_bytes is None else f", {report.size_bytes / 2**20:.1f} MiB"
+    parts = "" if report.partitions is None else f", {report.partitions} partitions"
+    yield f"claims in {report.table}: {total}{size}{parts}"
+    for c in report.claims:
+        yield f"  {c.handler}: {c.count} claims, oldest {when(c.oldest)}, newest {when(c.newest)}"
+    if report.outbox is None:
+        yield "outbox: no outbox table"
+    else:
+        o = report.outbox
+        yield (
+            f"outbox: {o.pending} pending (oldest {when(o.oldest)}), {o.refused} refused at "
+            f"least once (oldest {when(o.oldest_refused)})"
+        )
+        for error, count in o.errors:
+            yield f"  {count} x {bounded(error, 200)}"
+    if report.effects is None:
+        yield "effects: no effect table"
+    else:
+        e = report.effects
+        counts = ", ".join(f"{n} {status}" for status, n in e.by_status.items()) or "none"
+        yield f"effects: {counts}"
+        for u in e.unfinished:
+            error = f": {bounded(u.error, 200)}" if u.error else ""
+            yield (
+                f"  not done: {u.handler} step {u.step!r} {u.status} after {u.attempts} "
+                f"attempt(s), since {when(u.updated_at)}{error}"
+            )
+    for queue, count in report.dead_letters.items():
+        yield f"dead letters in {queue}: {count}"
+
+
+def found_lines(found: Found) -> Iterator[str]:
+    """``inbox show`` as text: each claim, then each effect record."""
+    for claim in found.claims:
+        yield (
+            f"{claim.handler}: processed at {when(claim.processed_at)} "
+            f"(claim key {claim.key.key}, the {claim.key.how})"
+        )
+    for effect in found.effects:
+        error = f", error {bounded(effect.error, 200)}" if effect.error else ""
+        yield (
+            f"  effect {effect.handler} step {effect.step!r}: {effect.status}, "
+            f"{effect.attempts} attempt(s), started {when(effect.started_at)}, updated "
+            f"{when(effect.updated_at)}{error}"
+        )
+
+
+def dead_letter_line(letter: DeadLetter) -> str:
+    """One dead letter on one line."""
+    fields = [
+        f"{name}={bounded(str(value), 300)}"
+        for name, value in summary_fields(letter)
+        if value is not None
+    ]
+    return " ".join(fields)
+
+
+def replay_line(report: ReplayReport) -> str:
+    """The summary line of a replay."""
+    verb = "would replay" if report.dry_run else "replayed"
+    line = (
+        f"{verb} {report.replayed} of {report.present} dead letters from "
+        f"{report.dead_letter_queue} to {report.queue}"
+    )
+    left = []
+    if report.not_matching:
+        left.append(f"{report.not_matching} not matching the filters")
+    if report.replayed_too_often:
+        left.append(f"{len(report.replayed_too_often)} replayed too often already")
+    unread = report.present - report.examined
+    if unread > 0:
+        left.append(f"{unread} not read (--limit, or taken meanwhile)")
+    return line + (f"; left: {', '.join(left)}" if left else "")

@@ -1,0 +1,170 @@
+"""What ``inbox status`` reads from the database: claims per handler, the table's size and
+partitions, the outbox backlog and its refused rows, and the effects not done."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
+
+from inbox.retention._catalog import is_partitioned, list_partitions
+
+__all__ = [
+    "ClaimsByHandler",
+    "EffectsReport",
+    "OutboxReport",
+    "StatusReport",
+    "UnfinishedEffect",
+    "read_status",
+]
+
+_TOP_ERRORS = 5
+_UNFINISHED_SHOWN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimsByHandler:
+    """The claims of one handler."""
+
+    handler: str
+    count: int
+    oldest: dt.datetime | None
+    newest: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxReport:
+    """Rows waiting in the outbox; ``refused``: rows the relay tried and could not send."""
+
+    pending: int
+    oldest: dt.datetime | None
+    refused: int
+    oldest_refused: dt.datetime | None
+    errors: tuple[tuple[str, int], ...]
+    """The most frequent last errors of refused rows, with their counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnfinishedEffect:
+    """An effect started or failed and not done: its outcome outside the database is
+    uncertain until a later attempt finishes it (or a person releases it)."""
+
+    handler: str
+    step: str
+    status: str
+    attempts: int
+    updated_at: dt.datetime
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectsReport:
+    """Effect records by status, and the oldest of those not done."""
+
+    by_status: dict[str, int]
+    unfinished: tuple[UnfinishedEffect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """Everything ``inbox status`` prints; None for a table the database does not have."""
+
+    table: str
+    claims: tuple[ClaimsByHandler, ...]
+    size_bytes: int | None
+    partitions: int | None
+    outbox: OutboxReport | None
+    effects: EffectsReport | None
+    dead_letters: dict[str, int] = field(default_factory=dict)
+
+
+def read_status(engine: Engine, claims: Table, outbox: Table, effects: Table) -> StatusReport:
+    """Read the report from the database (each count is one scan of its table)."""
+    with engine.connect() as connection:
+        present = inspect(connection)
+        by_handler = tuple(
+            ClaimsByHandler(handler, count, oldest, newest)
+            for handler, count, oldest, newest in connection.execute(
+                select(
+                    claims.c.handler,
+                    func.count(),
+                    func.min(claims.c.processed_at),
+                    func.max(claims.c.processed_at),
+                )
+                .group_by(claims.c.handler)
+                .order_by(claims.c.handler)
+            )
+        )
+        size = _size(connection, claims)
+        outbox_report = (
+            _outbox(connection, outbox) if present.has_table(outbox.name, outbox.schema) else None
+        )
+        effects_report = (
+            _effects(connection, effects)
+            if present.has_table(effects.name, effects.schema)
+            else None
+        )
+    partitions = len(list_partitions(engine, claims)) if is_partitioned(engine, claims) else None
+    return StatusReport(
+        claims.fullname, by_handler, size, partitions, outbox_report, effects_report
+    )
+
+
+def _size(connection: Connection, table: Table) -> int | None:
+    """Table and index bytes (partitions included) on PostgreSQL and MySQL/MariaDB."""
+    name = connection.dialect.name
+    if name == "postgresql":
+        # Bound as a parameter: the name is a checked identifier, never spliced into SQL.
+        query = text(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.oid = to_regclass(:name) OR c.oid IN "
+            "(SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(:name))"
+        )
+        return int(connection.execute(query, {"name": table.fullname}).scalar_one())
+    if name in ("mysql", "mariadb"):
+        query = text(
+            "SELECT coalesce(sum(data_length + index_length), 0) FROM information_schema.tables "
+            "WHERE table_schema = coalesce(:schema, database()) AND table_name = :name"
+        )
+        found = connection.execute(query, {"schema": table.schema, "name": table.name})
+        return int(found.scalar_one())
+    return None
+
+
+def _outbox(connection: Connection, outbox: Table) -> OutboxReport:
+    c = outbox.c
+    pending, oldest = connection.execute(select(func.count(), func.min(c.created_at))).one()
+    refused_rows = select(func.count(), func.min(c.created_at)).where(c.attempts > 0)
+    refused, oldest_refused = connection.execute(refused_rows).one()
+    errors = tuple(
+        (str(error), int(count))
+        for error, count in connection.execute(
+            select(c.last_error, func.count().label("n"))
+            .where(c.attempts > 0, c.last_error.is_not(None))
+            .group_by(c.last_error)
+            .order_by(func.count().desc())
+            .limit(_TOP_ERRORS)
+        )
+    )
+    return OutboxReport(int(pending), oldest, int(refused), oldest_refused, errors)
+
+
+def _effects(connection: Connection, effects: Table) -> EffectsReport:
+    c = effects.c
+    by_status = {
+        str(status): int(count)
+        for status, count in connection.execute(
+            select(c.status, func.count()).group_by(c.status).order_by(c.status)
+        )
+    }
+    unfinished = tuple(
+        UnfinishedEffect(handler, step, status, attempts, updated_at, error)
+        for handler, step, status, attempts, updated_at, error in connection.execute(
+            select(c.handler, c.step, c.status, c.attempts, c.updated_at, c.error)
+            .where(c.status != "done")
+            .order_by(c.updated_at)
+            .limit(_UNFINISHED_SHOWN)
+        )
+    )
+    return EffectsReport(by_status, unfinished)

@@ -1,0 +1,218 @@
+"""``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
+inbox's tables; ``dlq list`` and ``dlq replay`` work on a worker's dead-letter queue;
+``cleanup`` is ``inbox-cleanup``.
+
+Exit codes: 0 success; 1 a database or broker error; 2 bad usage (or ``release`` without
+``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final, TextIO
+
+from sqlalchemy import URL, MetaData, Table, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from inbox._cli import (
+    DATABASE_URL_ENV,
+    EXIT_DATABASE_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    UsageParser,
+    VersionRequested,
+    add_version,
+    database_error_line,
+    database_url,
+    first_line,
+    mask_urls,
+    whole_number,
+)
+from inbox.admin import _claims, _commands
+from inbox.retention.cli import cleanup_main
+from inbox.schema import (
+    DEFAULT_EFFECT_TABLE_NAME,
+    DEFAULT_OUTBOX_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    effect_table,
+    outbox_table,
+    resolve_table,
+)
+
+__all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "EXIT_NOT_FOUND", "admin_main"]
+
+BROKER_URL_ENV: Final = "INBOX_BROKER_URL"
+EXIT_BROKER_ERROR: Final = EXIT_DATABASE_ERROR
+EXIT_NOT_FOUND: Final = _commands.EXIT_NOT_FOUND
+
+
+def _parser() -> UsageParser:
+    parser = UsageParser(
+        prog="inbox",
+        description="Look into and repair an inbox: claims, effects, outbox, dead letters.",
+    )
+    add_version(parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
+
+    status = commands.add_parser("status", help="claims per handler, outbox, effects, dead letters")
+    _database_options(status)
+    status.add_argument("--broker", help=f"with --queue: dead letters (default ${BROKER_URL_ENV})")
+    status.add_argument("--queue", dest="queues", action="append", default=[], help="repeat")
+    status.add_argument("--json", action="store_true", help="one JSON document")
+
+    show = commands.add_parser("show", help="which handlers processed a message, and when")
+    _database_options(show)
+    _key_options(show)
+    show.add_argument("--handler", help="only this handler")
+    show.add_argument("--json", action="store_true", help="one JSON document")
+
+    release = commands.add_parser(
+        "release", help="delete a handler's claim and effect records: the next delivery re-runs it"
+    )
+    _database_options(release)
+    _key_options(release)
+    release.add_argument("--handler", required=True, help="the handler to run again")
+    release.add_argument("--yes", action="store_true", help="do not ask")
+
+    dlq = commands.add_parser("dlq", help="a worker's dead-letter queue <QUEUE>.dlq")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=UsageParser)
+    listing = dlq_commands.add_parser("list", help="the first dead letters, left in place")
+    _broker_options(listing)
+    listing.add_argument("--limit", type=whole_number(1, 10_000), default=20)
+    listing.add_argument("--json", action="store_true", help="one JSON document")
+    replay = dlq_commands.add_parser(
+        "replay", help="move the dead letters present now back to QUEUE, tries reset"
+    )
+    _broker_options(replay)
+    replay.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    replay.add_argument(
+        "--max-replays",
+        type=whole_number(1),
+        default=3,
+        help="leave a message replayed N times already where it is (default 3)",
+    )
+    replay.add_argument("--reason", action="append", default=[], help="only this reason (repeat)")
+    replay.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
+    replay.add_argument(
+        "--keep-tries",
+        action="store_true",
+        help="keep x-inbox-tries: one more failure dead-letters",
+    )
+    replay.add_argument("--dry-run", action="store_true", help="count, move nothing")
+    replay.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
+
+    commands.add_parser("cleanup", help="inbox-cleanup (see inbox cleanup --help)", add_help=False)
+    return parser
+
+
+def _database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    parser.add_argument("--table", default=DEFAULT_TABLE_NAME, help="claims table, [SCHEMA.]NAME")
+    parser.add_argument("--effect-table", default=DEFAULT_EFFECT_TABLE_NAME, help="[SCHEMA.]NAME")
+    parser.add_argument("--outbox-table", default=DEFAULT_OUTBOX_TABLE_NAME, help="[SCHEMA.]NAME")
+
+
+def _key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "id_or_key",
+        metavar="ID-OR-KEY",
+        help="a message id, or a business key as the producer wrote it",
+    )
+    parser.add_argument(
+        "--key",
+        action="store_true",
+        help="ID-OR-KEY is a business key even if it looks like a UUID",
+    )
+
+
+def _broker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", help=f"RabbitMQ URL (default ${BROKER_URL_ENV})")
+    parser.add_argument("--queue", required=True, help="the worker's queue (its .dlq is read)")
+
+
+def admin_main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    confirm: Callable[[str], bool] | None = None,
+) -> int:
+    """Run ``inbox``; see the module docstring for the exit codes. ``confirm`` asks a yes/no
+    question (default: the terminal; without one, ``release`` needs ``--yes``)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["cleanup"]:
+        return cleanup_main(arguments[1:], stdout=stdout, stderr=stderr)
+    io = _commands.Streams(
+        sys.stdout if stdout is None else stdout,
+        sys.stderr if stderr is None else stderr,
+        confirm if confirm is not None else _commands.terminal_confirm(),
+    )
+    parser = _parser()
+    try:
+        args = parser.parse_args(arguments)
+        broker = _broker_url(args)
+        if args.command == "dlq":
+            assert broker is not None
+            url: URL | None = None
+        else:
+            url = database_url(args.database_url)
+            tables = _commands.Tables(
+                resolve_table(args.table),
+                _named(args.effect_table, effect_table),
+                _named(args.outbox_table, outbox_table),
+            )
+            keys = (
+                _claims.lookup_keys(args.id_or_key, business_key=args.key)
+                if args.command in ("show", "release")
+                else ()
+            )
+    except VersionRequested as version:
+        io.out.write(f"{version.line}\n")
+        return EXIT_OK
+    except (UsageError, ValueError) as exc:
+        io.err.write(parser.format_usage())
+        io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
+        return EXIT_USAGE
+    try:
+        if url is None:
+            assert broker is not None
+            return _commands.dlq(args, broker, io)
+        engine = create_engine(url, hide_parameters=True)
+        try:
+            if args.command == "status":
+                return _commands.status(engine, tables, args, broker, io)
+            if args.command == "show":
+                return _commands.show(engine, tables, keys, args, io)
+            return _commands.release(engine, tables, keys, args, io)
+        finally:
+            engine.dispose()
+    except ValueError as exc:  # found out only on connecting (a broker that is not RabbitMQ)
+        io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
+        return EXIT_USAGE
+    except SQLAlchemyError as exc:
+        assert url is not None
+        io.err.write(f"inbox: error: {database_error_line(exc, url)}\n")
+        return EXIT_DATABASE_ERROR
+    except Exception as exc:  # the CLI edge: one line, never a traceback
+        where = f"broker {mask_urls(broker)}" if broker else "error"
+        io.err.write(f"inbox: error: {where}: {mask_urls(first_line(exc))}\n")
+        return EXIT_BROKER_ERROR
+
+
+def _broker_url(args: argparse.Namespace) -> str | None:
+    """The broker URL a command needs (``dlq``, ``status --queue``), else None."""
+    if args.command != "dlq" and not getattr(args, "queues", None):
+        return None
+    url: str | None = args.broker or os.environ.get(BROKER_URL_ENV)
+    if not url:
+        raise UsageError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
+    return url
+
+
+def _named(name: str, build: Callable[..., Table]) -> Table:
+    schema, _, bare = name.rpartition(".")
+    return build(MetaData(), bare, schema=schema or None)

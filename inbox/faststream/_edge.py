@@ -256,9 +256,23 @@ class InboxEdge:
                 self._prepared = True
 
     async def _ack(self, msg: StreamMessage[Any]) -> None:
-        await msg.ack()
-        self.stats.acked += 1
+        if await self._settle(msg, ack=True):
+            self.stats.acked += 1
 
     async def _give_back(self, msg: StreamMessage[Any]) -> None:
-        await msg.nack()
-        self.stats.requeued += 1
+        if await self._settle(msg, ack=False):
+            self.stats.requeued += 1
+
+    async def _settle(self, msg: StreamMessage[Any], *, ack: bool) -> bool:
+        try:
+            await (msg.ack() if ack else msg.nack())
+        except Exception:
+            if self.transport.settleable(msg):
+                raise
+            # The connection went away under the delivery: the broker gives it back, and the
+            # inbox skips what was already committed when it comes again.
+            logger.warning(
+                "message %s: its channel is gone; the broker gives it back", msg.message_id
+            )
+            return False
+        return True

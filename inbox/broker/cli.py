@@ -36,6 +36,7 @@ from inbox._cli import (
 )
 from inbox._oneline import bounded
 from inbox._startup import SchemaNotReady, wait_for_schema, worker_engine, worker_tables
+from inbox.broker._health_cli import add_health_arguments, health_server
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
 from inbox.broker.connection import safe_uri
@@ -139,6 +140,7 @@ def _worker_parser() -> UsageParser:
         action="store_false",
         help="start without checking that the inbox tables exist at the needed revision",
     )
+    add_health_arguments(parser)
     add_version(parser)
     return parser
 
@@ -208,6 +210,7 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             default_content_type=content_type,
             stats_interval=args.stats_interval,
         )
+        health = health_server(args, worker, inbox)
     except VersionRequested as version:
         sys.stdout.write(f"{version.line}\n")
         return EXIT_OK
@@ -228,6 +231,8 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         err.write(f"inbox-worker: error: broker {where}: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
     install_signal_handlers(worker)
+    if health is not None:
+        health.start()
     try:
         worker.run()
     except KeyboardInterrupt:
@@ -242,6 +247,9 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
     except Exception as exc:
         err.write(f"inbox-worker: error: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
+    finally:
+        if health is not None:
+            health.stop()
     return EXIT_OK
 
 

@@ -1,0 +1,204 @@
+"""Metrics and handler spans of the core, recorded through a real OpenTelemetry SDK (an
+in-memory reader and exporter) while real databases run the handlers: each outcome counted
+once per handler and message type, the handler and claim times, the end-to-end age, a span
+per handler run continuing the message's ``traceparent``; and with OpenTelemetry absent the
+inbox still works and records nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+from opentelemetry import trace
+from sqlalchemy.orm import Session
+from support.databases import Database
+from support.effects import record_effect
+from support.telemetry import Sdk, sdk
+
+from inbox import HandlerFailed, Inbox, Message
+from inbox.message import uuid7
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+PARENT_SPAN_ID = 0x00F067AA0BA902B7
+TRACEPARENT = f"00-{TRACE_ID:032x}-{PARENT_SPAN_ID:016x}-01"
+SECRET = "customer Jane Roe, card 4111"  # row data a failure message may carry
+
+
+@pytest.fixture
+def otel() -> Sdk:
+    return sdk()
+
+
+def names() -> tuple[str, str, str]:
+    """Handler names and a message type unique to one test (the SDK is process-wide)."""
+    tag = uuid.uuid4().hex[:8]
+    return f"ok-{tag}", f"bad-{tag}", f"type-{tag}"
+
+
+def two_handler_inbox(db: Database, ok: str, bad: str, message_type: str) -> Inbox:
+    inbox = Inbox(db.sessions)
+
+    @inbox.handler(message_type, name=ok)
+    def apply(message: Message, session: Session) -> None:
+        record_effect(message, session, ok)
+
+    @inbox.handler(message_type, name=bad)
+    def refuse(message: Message, session: Session) -> None:
+        record_effect(message, session, bad)
+        if message.body.get("fail"):
+            raise ValueError(SECRET)
+
+    return inbox
+
+
+def test_each_outcome_is_counted_once_per_handler_and_type(db: Database, otel: Sdk) -> None:
+    ok, bad, message_type = names()
+    inbox = two_handler_inbox(db, ok, bad, message_type)
+    failing = Message(id=uuid7(), type=message_type, body={"ref": "r", "fail": True})
+    passing = Message(id=uuid7(), type=message_type, body={"ref": "r"})
+
+    for _ in range(2):
+        with pytest.raises(HandlerFailed):
+            inbox.process(failing)
+    inbox.process(passing)
+
+    by = {"inbox__message__type": message_type}
+    assert otel.total("inbox.processed", inbox__handler=ok, **by) == 2  # failing, passing
+    assert otel.total("inbox.duplicates", inbox__handler=ok, **by) == 1  # failing again
+    assert otel.total("inbox.processed", inbox__handler=bad, **by) == 1  # passing
+    assert otel.total("inbox.failures", inbox__handler=bad, error__type="ValueError", **by) == 2
+    assert otel.total("inbox.failures", inbox__handler=ok) == 0
+    # One duration per handler run, by outcome; one claim per run; an age per commit.
+    assert otel.total("inbox.handler.duration", inbox__handler=ok, inbox__outcome="processed") == 2
+    assert otel.total("inbox.handler.duration", inbox__handler=ok, inbox__outcome="duplicate") == 1
+    assert otel.total("inbox.handler.duration", inbox__handler=bad, inbox__outcome="failed") == 2
+    assert otel.total("inbox.claim.duration", inbox__handler=ok) == 3
+    assert otel.total("inbox.claim.duration", inbox__handler=bad) == 3
+    ages = otel.histogram("inbox.message.age", inbox__handler=ok)
+    assert sum(p.count for p in ages) == 2
+    assert all(0 <= p.min <= p.max < 60 for p in ages)
+
+
+def test_a_span_per_handler_run_with_its_outcome_and_no_row_data(db: Database, otel: Sdk) -> None:
+    ok, bad, message_type = names()
+    inbox = two_handler_inbox(db, ok, bad, message_type)
+    message = Message(id=uuid7(), type=message_type, body={"ref": "r", "fail": True})
+
+    with pytest.raises(HandlerFailed):
+        inbox.process(message)
+
+    [committed] = otel.spans(f"handler {ok}")
+    [failed] = otel.spans(f"handler {bad}")
+    assert committed.attributes is not None
+    assert failed.attributes is not None
+    assert committed.attributes["inbox.outcome"] == "processed"
+    assert committed.attributes["messaging.message.id"] == str(message.id)
+    assert committed.attributes["inbox.message.type"] == message_type
+    assert committed.status.status_code is trace.StatusCode.UNSET
+    assert failed.attributes["inbox.outcome"] == "failed"
+    assert failed.attributes["error.type"] == "ValueError"
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert SECRET not in repr(failed.to_json())
+    # The handlers ran one after the other, each span covering its own transaction.
+    assert committed.end_time is not None
+    assert failed.start_time is not None
+    assert committed.end_time <= failed.start_time
+
+
+def test_the_handler_spans_continue_the_messages_traceparent(db: Database, otel: Sdk) -> None:
+    ok, bad, message_type = names()
+    inbox = two_handler_inbox(db, ok, bad, message_type)
+    message = Message(
+        id=uuid7(), type=message_type, body={"ref": "r"}, headers={"traceparent": TRACEPARENT}
+    )
+
+    inbox.process(message)
+
+    spans = otel.spans(f"handler {ok}") + otel.spans(f"handler {bad}")
+    assert len(spans) == 2
+    for span in spans:
+        assert span.context is not None
+        assert span.parent is not None
+        assert span.context.trace_id == TRACE_ID
+        assert span.parent.span_id == PARENT_SPAN_ID
+
+
+def test_a_garbled_traceparent_starts_a_new_trace_instead_of_failing(
+    db: Database, otel: Sdk
+) -> None:
+    ok, bad, message_type = names()
+    inbox = two_handler_inbox(db, ok, bad, message_type)
+    for garbled in ("00-zz-yy-01", b"\xff\x00", 17, ""):
+        inbox.process(
+            Message(
+                id=uuid7(), type=message_type, body={"ref": "r"}, headers={"traceparent": garbled}
+            )
+        )
+
+    spans = otel.spans(f"handler {ok}")
+    assert len(spans) == 4
+    assert all(span.parent is None for span in spans)
+    assert otel.total("inbox.processed", inbox__handler=ok) == 4
+
+
+def test_a_batch_counts_each_outcome_once_despite_its_bisection(db: Database, otel: Sdk) -> None:
+    ok, bad, message_type = names()
+    inbox = two_handler_inbox(db, ok, bad, message_type)
+    batch = [
+        Message(id=uuid7(), type=message_type, body={"ref": str(index), "fail": index == 2})
+        for index in range(4)
+    ]
+    first = inbox.process_batch(batch)
+    again = inbox.process_batch(batch)
+
+    assert [isinstance(r, HandlerFailed) for r in first] == [False, False, True, False]
+    assert [isinstance(r, HandlerFailed) for r in again] == [False, False, True, False]
+    # The whole batch rolled back first (nothing counted), then its halves committed.
+    assert otel.total("inbox.processed", inbox__handler=ok) == 4
+    assert otel.total("inbox.processed", inbox__handler=bad) == 3
+    assert otel.total("inbox.duplicates", inbox__handler=ok) == 4
+    assert otel.total("inbox.duplicates", inbox__handler=bad) == 3
+    assert otel.total("inbox.failures", inbox__handler=bad) == 2
+    assert otel.total("inbox.handler.duration", inbox__handler=ok) == 8
+    assert len(otel.spans(f"handler {ok}")) == 8
+
+
+def test_without_opentelemetry_the_inbox_works_and_records_nothing(tmp_path: object) -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if not installed: every import fails
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import sessionmaker
+        import inbox.telemetry
+        from inbox import Inbox, Message
+        from inbox.message import uuid7
+        from inbox.schema import metadata
+        from inbox.telemetry import _core
+
+        assert inbox.telemetry.ENABLED is False
+        assert _core.watch(Message(id=uuid7(), type="t", body={"ref": "r"})) is None
+        assert _core.timed_claim is None
+        inbox.telemetry.record_effect("done", "h", "step")
+        inbox.telemetry.record_outbox(sent=1, refused=1)
+        headers = {}
+        inbox.telemetry.inject_context(headers)
+        assert headers == {}
+        engine = create_engine("sqlite://")
+        metadata.create_all(engine)
+        box = Inbox(sessionmaker(engine))
+        box.handler("t", name="h")(lambda message, session: None)
+        message = Message(id=uuid7(), type="t", body={"ref": "r"})
+        print(box.process(message).outcome, box.process(message).outcome)
+        assert not any(name.startswith("opentelemetry.") for name in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["processed", "duplicate"]

@@ -69,7 +69,8 @@ def record_class(table: Table) -> type[OutboxRecord]:
     with _lock:
         cls = _classes.get(table)
         if cls is None:
-            cls = type(f"OutboxRecord_{table.name}", (OutboxRecord,), {})
+            # A name unique on the registry: tables of one name may live in several MetaData.
+            cls = type(f"OutboxRecord{len(_classes)}_{table.name}", (OutboxRecord,), {})
             _registry.map_imperatively(cls, table)
             _classes[table] = cls
         return cls

@@ -32,7 +32,7 @@ amqp_decimals = st.builds(
     st.integers(0, 255),
 )
 amqp_datetimes = st.datetimes(
-    min_value=dt.datetime(1970, 1, 2), timezones=st.none() | st.timezones()
+    min_value=dt.datetime(1970, 1, 2), timezones=st.one_of(st.none(), st.timezones())
 )
 amqp_scalars = (
     st.none()

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final, TextIO
 
-from sqlalchemy import URL, MetaData, Table, create_engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import URL, Engine, MetaData, Table, create_engine
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from inbox._cli import (
     DATABASE_URL_ENV,
@@ -160,6 +160,7 @@ def admin_main(
             url: URL | None = None
         else:
             url = database_url(args.database_url)
+            engine = _engine(url)
             tables = _commands.Tables(
                 resolve_table(args.table),
                 _named(args.effect_table, effect_table),
@@ -181,7 +182,6 @@ def admin_main(
         if url is None:
             assert broker is not None
             return _commands.dlq(args, broker, io)
-        engine = create_engine(url, hide_parameters=True)
         try:
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)
@@ -201,6 +201,14 @@ def admin_main(
         where = f"broker {mask_urls(broker)}" if broker else "error"
         io.err.write(f"inbox: error: {where}: {mask_urls(first_line(exc))}\n")
         return EXIT_BROKER_ERROR
+
+
+def _engine(url: URL) -> Engine:
+    """An engine that keeps bound parameters (row data) out of its error messages."""
+    try:
+        return create_engine(url, hide_parameters=True)
+    except ArgumentError as exc:  # an unknown dialect or driver
+        raise ValueError(f"--database-url: {first_line(exc)}") from None
 
 
 def _broker_url(args: argparse.Namespace) -> str | None:

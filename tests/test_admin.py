@@ -1,0 +1,332 @@
+"""``inbox status``, ``inbox show`` and ``inbox release`` against real databases: the claim
+keys found as the core computes them, a release re-running exactly the released handler."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import uuid
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+from support.databases import Database
+from support.effects import record_effect
+
+from inbox import Inbox, Message
+from inbox.admin import admin_main
+from inbox.message import KEY_NAMESPACE
+from inbox.result import Outcome
+from inbox.schema import inbox_effect, inbox_message, outbox_message
+
+NOW = dt.datetime.now(dt.UTC)
+
+
+def run(
+    db: Database, *argv: str, confirm: Callable[[str], bool] | None = None
+) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main([*argv, "--database-url", db.url], stdout=out, stderr=err, confirm=confirm)
+    return code, out.getvalue(), err.getvalue()
+
+
+def make_inbox(db: Database) -> Inbox:
+    inbox = Inbox(db.sessions)
+
+    @inbox.handler("order.created", name="ops.apply")
+    def apply(message: Message, session: Session) -> None:
+        record_effect(message, session, "ops.apply")
+
+    @inbox.handler("order.created", name="ops.audit")
+    def audit(message: Message, session: Session) -> None:
+        record_effect(message, session, "ops.audit")
+
+    @inbox.handler(
+        "order.created", name="billing.invoice", key=lambda m: f"invoice-{m.body['ref']}"
+    )
+    def invoice(message: Message, session: Session) -> None:
+        record_effect(message, session, "billing.invoice")
+
+    return inbox
+
+
+def order(ref: str, idempotency_key: str | None = None) -> Message:
+    headers = {"idempotency-key": idempotency_key} if idempotency_key else None
+    return Message.new("order.created", {"ref": ref}, headers)
+
+
+def handlers_shown(out: str) -> list[str]:
+    return [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+
+
+def test_show_finds_each_claim_under_the_key_the_core_used(db: Database) -> None:
+    inbox = make_inbox(db)
+    plain = order("42")
+    keyed = order("43", idempotency_key="order-created-43")
+    inbox.process(plain)
+    inbox.process(keyed)
+
+    code, out, _ = run(db, "show", str(plain.id))
+    assert code == 0
+    assert sorted(handlers_shown(out)) == ["ops.apply", "ops.audit"]
+    assert f"claim key {plain.id}, the message id" in out
+
+    code, out, _ = run(db, "show", "invoice-42")  # what billing.invoice's key= returned
+    assert code == 0
+    assert handlers_shown(out) == ["billing.invoice"]
+
+    code, out, _ = run(db, "show", "order-created-43", "--handler", "ops.apply")
+    assert code == 0
+    assert handlers_shown(out) == ["ops.apply"]
+    assert "the business key 'order-created-43'" in out
+
+    code, out, _ = run(db, "show", str(keyed.id))  # claimed under its idempotency key
+    assert code == 3
+    assert out == f"no claim for the message id or the business key {str(keyed.id)!r}\n"
+
+
+def test_a_business_key_that_looks_like_a_uuid(db: Database) -> None:
+    inbox = make_inbox(db)
+    key = str(uuid.uuid4())
+    inbox.process(order("44", idempotency_key=key))
+
+    code, out, _ = run(db, "show", key, "--key", "--handler", "ops.apply")
+    assert code == 0
+    assert f"claim key {uuid.uuid5(KEY_NAMESPACE, key)}, the business key" in out
+    code, out, _ = run(db, "show", key, "--handler", "ops.apply")  # both readings are tried
+    assert code == 0
+
+
+def test_show_json(db: Database) -> None:
+    inbox = make_inbox(db)
+    message = order("45")
+    inbox.process(message)
+
+    code, out, _ = run(db, "show", str(message.id), "--handler", "ops.apply", "--json")
+
+    assert code == 0
+    found = json.loads(out)
+    [claim] = found["claims"]
+    assert claim["handler"] == "ops.apply"
+    assert claim["key"] == {"key": str(message.id), "how": "message id"}
+    assert dt.datetime.fromisoformat(claim["processed_at"]) <= dt.datetime.now(dt.UTC)
+    assert found["effects"] == []
+
+
+def add_effect(db: Database, claim_key: uuid.UUID, handler: str, step: str, status: str) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(inbox_effect),
+            {
+                "effect_key": uuid.uuid4(),
+                "claim_key": claim_key,
+                "handler": handler,
+                "step": step,
+                "status": status,
+                "attempts": 1,
+                "error": "TimeoutError: no answer" if status == "failed" else None,
+                "started_at": NOW,
+                "updated_at": NOW,
+            },
+        )
+
+
+def test_release_then_a_redelivery_runs_exactly_that_handler_again(db: Database) -> None:
+    inbox = make_inbox(db)
+    message = order("46")
+    inbox.process(message)
+    add_effect(db, message.id, "ops.apply", "charge", "done")
+    add_effect(db, message.id, "ops.audit", "notify", "done")
+
+    code, out, err = run(db, "release", str(message.id), "--handler", "ops.apply", "--yes")
+
+    assert (code, err) == (0, "")
+    assert "ops.apply: processed at " in out
+    assert "effect ops.apply step 'charge': done" in out
+    assert out.endswith(
+        "released: 1 claim(s) and 1 effect record(s) of ops.apply deleted; the next delivery "
+        "runs it again\n"
+    )
+    result = inbox.process(message)  # the redelivery
+    assert result.outcomes == {
+        "ops.apply": Outcome.PROCESSED,
+        "ops.audit": Outcome.DUPLICATE,
+        "billing.invoice": Outcome.DUPLICATE,
+    }
+    assert db.effect_counts() == {
+        ("46", "ops.apply"): 2,
+        ("46", "ops.audit"): 1,
+        ("46", "billing.invoice"): 1,
+    }
+    with db.engine.connect() as connection:
+        left = connection.execute(select(inbox_effect.c.handler)).scalars().all()
+    assert left == ["ops.audit"]
+
+
+def test_release_asks_and_refuses_without_yes(db: Database) -> None:
+    inbox = make_inbox(db)
+    message = order("47")
+    inbox.process(message)
+    args = ("release", "invoice-47", "--handler", "billing.invoice")
+
+    code, _, err = run(db, *args)  # no terminal to ask on
+    assert code == 2
+    assert err == "inbox: error: refusing to release without --yes (no terminal to ask on)\n"
+    questions: list[str] = []
+    code, _, err = run(db, *args, confirm=lambda q: questions.append(q) or False)
+    assert code == 2
+    assert questions == ["release these 1 claim(s) and 0 effect record(s)?"]
+    assert db.count(inbox_message) == 3
+
+    code, out, _ = run(db, *args, confirm=lambda q: True)
+
+    assert code == 0
+    assert db.count(inbox_message) == 2
+    code, out, _ = run(db, *args, "--yes")
+    assert code == 3
+    assert out.startswith("nothing to release: no claim or effect record for the business key")
+
+
+def test_release_removes_the_effects_of_a_run_that_never_committed(db: Database) -> None:
+    # An at-most-once effect left 'started' by a crash: the message is dead-lettered as
+    # uncertain until a person releases it.
+    key = uuid.uuid4()
+    add_effect(db, key, "ops.apply", "charge", "started")
+
+    code, out, _ = run(db, "release", str(key), "--handler", "ops.apply", "--yes")
+
+    assert code == 0
+    assert "released: 0 claim(s) and 1 effect record(s)" in out
+    assert db.count(inbox_effect) == 0
+
+
+def add_outbox_row(db: Database, attempts: int, error: str | None) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(outbox_message),
+            {
+                "id": uuid.uuid4(),
+                "type": "order.shipped",
+                "exchange": "",
+                "routing_key": "orders",
+                "content_type": "application/json",
+                "content_encoding": "utf-8",
+                "headers": "{}",
+                "body": b"{}",
+                "created_at": NOW - dt.timedelta(minutes=attempts),
+                "attempts": attempts,
+                "available_at": NOW,
+                "last_error": error,
+            },
+        )
+
+
+def test_status_counts_claims_outbox_rows_and_unfinished_effects(db: Database) -> None:
+    inbox = make_inbox(db)
+    for ref in ("1", "2"):
+        inbox.process(order(ref))
+    add_outbox_row(db, 0, None)
+    add_outbox_row(db, 2, "PublishError: NOT_FOUND - no exchange 'orders'")
+    add_outbox_row(db, 3, "PublishError: NOT_FOUND - no exchange 'orders'")
+    add_effect(db, uuid.uuid4(), "ops.apply", "charge", "done")
+    add_effect(db, uuid.uuid4(), "ops.apply", "charge", "started")
+    add_effect(db, uuid.uuid4(), "ops.audit", "notify", "failed")
+
+    code, out, _ = run(db, "status", "--json")
+
+    assert code == 0
+    report = json.loads(out)
+    assert [(c["handler"], c["count"]) for c in report["claims"]] == [
+        ("billing.invoice", 2),
+        ("ops.apply", 2),
+        ("ops.audit", 2),
+    ]
+    assert report["outbox"]["pending"] == 3
+    assert report["outbox"]["refused"] == 2
+    assert report["outbox"]["errors"] == [["PublishError: NOT_FOUND - no exchange 'orders'", 2]]
+    assert report["effects"]["by_status"] == {"done": 1, "failed": 1, "started": 1}
+    assert sorted(u["status"] for u in report["effects"]["unfinished"]) == ["failed", "started"]
+    assert (report["size_bytes"] is None) == (db.backend == "sqlite")
+
+    code, out, _ = run(db, "status")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("claims in inbox_message: 6")
+    assert "  ops.apply: 2 claims, oldest " in out
+    assert "outbox: 3 pending (oldest " in out
+    assert "  2 x PublishError: NOT_FOUND - no exchange 'orders'" in lines
+    assert "effects: 1 done, 1 failed, 1 started" in lines
+    assert "  not done: ops.audit step 'notify' failed after 1 attempt(s)" in out
+
+
+def test_status_without_the_outbox_and_effect_tables(db: Database) -> None:
+    outbox_message.drop(db.engine)
+    inbox_effect.drop(db.engine)
+
+    code, out, _ = run(db, "status")
+
+    assert code == 0
+    assert out.splitlines()[1:] == ["outbox: no outbox table", "effects: no effect table"]
+
+
+def test_an_unreachable_database_is_one_line_without_the_password() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    url = "postgresql+psycopg://app:s3cret-pw@127.0.0.1:1/app"
+
+    code = admin_main(["status", "--database-url", url], stdout=out, stderr=err)
+
+    assert code == 1
+    assert err.getvalue().startswith("inbox: error: OperationalError: ")
+    assert err.getvalue().endswith("(database postgresql+psycopg://app:***@127.0.0.1:1/app)\n")
+    assert err.getvalue().count("\n") == 1
+    assert "s3cret-pw" not in err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: command"),
+        (["show"], "the following arguments are required: ID-OR-KEY"),
+        (["release", "x"], "the following arguments are required: --handler"),
+        (["show", "", "--database-url", "sqlite://"], "the message id or key is empty"),
+        (["status", "--database-url", "nope://"], "--database-url: NoSuchModuleError"),
+        (["status", "--queue", "q", "--database-url", "sqlite://"], "no broker: pass --broker"),
+        (["dlq", "list", "--queue", "q"], "no broker: pass --broker or set INBOX_BROKER_URL"),
+        (["dlq", "replay", "--queue", "q", "--broker", "memory://"], "must be an amqp:// URL"),
+        (["dlq", "replay", "--queue", "q", "--max-replays", "0"], "at least 1"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INBOX_DATABASE_URL", raising=False)
+    monkeypatch.delenv("INBOX_BROKER_URL", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+
+    code = admin_main(argv, stdout=out, stderr=err)
+
+    assert code == 2
+    [line] = [x for x in err.getvalue().splitlines() if x.startswith("inbox: error:")]
+    assert message in line
+
+
+def test_version_and_cleanup(db: Database, capsys: pytest.CaptureFixture[str]) -> None:
+    assert admin_main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("inbox 0.")
+    with db.engine.begin() as connection:
+        connection.execute(
+            insert(inbox_message),
+            {
+                "message_id": uuid.uuid4(),
+                "handler": "old",
+                "processed_at": NOW - dt.timedelta(days=9),
+            },
+        )
+
+    assert admin_main(["cleanup", "--days", "7", "--database-url", db.url, "--quiet"]) == 0
+
+    with db.engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(inbox_message)).scalar() == 0

@@ -108,11 +108,13 @@ def test_an_async_engine_in_autocommit_is_refused_at_the_call(adb: AsyncDatabase
     outbox = Outbox()
 
     async def main() -> None:
-        async with adb.engine(isolation_level="AUTOCOMMIT") as engine:
-            async with AsyncSession(engine) as session:
-                with pytest.raises(SessionConfigurationError, match="AUTOCOMMIT"):
-                    outbox.publish(session, "t", {}, routing_key="q")
-                assert not session.new
+        async with (
+            adb.engine(isolation_level="AUTOCOMMIT") as engine,
+            AsyncSession(engine) as session,
+        ):
+            with pytest.raises(SessionConfigurationError, match="AUTOCOMMIT"):
+                outbox.publish(session, "t", {}, routing_key="q")
+            assert not session.new
         async with (
             adb.engine() as engine,
             AsyncSession(engine.execution_options(isolation_level="AUTOCOMMIT")) as session,

@@ -90,7 +90,7 @@ def row_values(row: OutboxRow) -> dict[str, Any]:
     }
 
 
-def row_from_mapping(mapping: Mapping[str, Any]) -> OutboxRow:
+def row_from_mapping(mapping: Mapping[Any, Any]) -> OutboxRow:
     """The :class:`OutboxRow` of a row read from the outbox table (``Row._mapping`` or any
     mapping with the message columns; other keys are ignored)."""
     missing = [column for column in _COLUMNS if column not in mapping]

@@ -7,6 +7,8 @@ test_faststream_redis.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,3 +123,17 @@ def test_the_edge_refuses_what_it_cannot_honour() -> None:
         subscribe_rabbit(RabbitBroker(), inbox, "q", prefetch=0)
     with pytest.raises(ValueError, match="reserved"):
         subscribe_rabbit(RabbitBroker(), inbox, "amq.q")
+
+
+def test_import_inbox_and_inbox_aio_load_no_faststream() -> None:
+    code = (
+        "import sys, inbox, inbox.aio\n"
+        "assert 'faststream' not in sys.modules, 'import inbox loaded faststream'\n"
+        "import inbox.faststream\n"
+        "assert 'faststream' in sys.modules\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr

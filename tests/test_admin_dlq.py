@@ -1,0 +1,275 @@
+"""``inbox dlq list`` and ``inbox dlq replay`` on a real RabbitMQ: poison dead-lettered by a
+real ``inbox-worker`` is replayed a bounded number of times (never in a loop) with its tries
+reset; filters, a dry run, and a SIGKILL in the middle of a replay (nothing lost, at most
+the one message in flight in both queues)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import amqp
+import pytest
+from admin_app import HANDLER
+from support.databases import Database
+from support.rabbit import Rabbit
+from support.worker import (
+    TESTS_DIR,
+    WorkerProcess,
+    declare,
+    effects_by_ref,
+    publish,
+    wait_until,
+    worker_command,
+)
+
+from inbox.admin import admin_main
+from inbox.admin._dlq import REPLAYS
+from inbox.broker import headers as h
+
+POISON = [f"bad-{i}" for i in range(40)]
+GOOD = [f"good-{i}" for i in range(5)]
+
+
+def inbox_cli(rabbit: Rabbit, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main(["dlq", *argv, "--broker", rabbit.url], stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def listed(rabbit: Rabbit, queue: str) -> dict[str, Any]:
+    code, out, err = inbox_cli(rabbit, "list", "--queue", queue, "--limit", "1000", "--json")
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def start_worker(db: Database, rabbit: Rabbit, queue: str, tmp_path: Path) -> WorkerProcess:
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *worker_command(),
+                "admin_app:make_inbox",
+                "--broker",
+                rabbit.url,
+                "--queue",
+                queue,
+                "--max-tries",
+                "2",
+                "--retry-delays",
+                "0.05",
+            ],
+            cwd=TESTS_DIR,
+            env={
+                **os.environ,
+                "ADMIN_APP_DATABASE_URL": db.url,
+                "ADMIN_APP_POISON_FILE": str(tmp_path / "poison"),
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    return WorkerProcess("worker", process, log_path)
+
+
+def test_poison_is_replayed_once_per_run_with_its_tries_reset_then_processed_once_fixed(
+    pg_db: Database, rabbit: Rabbit, tmp_path: Path
+) -> None:
+    queue, dlq = rabbit.queue(), f"{rabbit.queue()}.dlq"
+    (tmp_path / "poison").touch()
+    declare(rabbit, queue)
+    publish(rabbit, queue, POISON + GOOD)
+    worker = start_worker(pg_db, rabbit, queue, tmp_path)
+    try:
+        wait_until(lambda: rabbit.depth(dlq) == len(POISON), "the poison dead-lettered")
+        first = listed(rabbit, queue)
+        assert first["present"] == len(POISON)
+        assert {(x["reason"], x["tries"], x["replays"]) for x in first["dead_letters"]} == {
+            ("handler-failed", 2, 0)
+        }
+        assert rabbit.depth(dlq) == len(POISON)  # listing took nothing
+
+        # Still poison: the worker dead-letters the copies again while the replay runs.
+        code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue)
+        assert code == 0
+        assert (
+            out == f"replayed {len(POISON)} of {len(POISON)} dead letters from {dlq} to {queue}\n"
+        )
+        wait_until(
+            lambda: (
+                {x["replays"] for x in listed(rabbit, queue)["dead_letters"]} == {1}
+                and rabbit.depth(dlq) == len(POISON)
+            ),
+            "the replayed poison dead-lettered again",
+        )
+        again = listed(rabbit, queue)["dead_letters"]
+        # Tries reset: two more tries each (kept, the first new failure would dead-letter).
+        assert {x["tries"] for x in again} == {2}
+
+        code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--max-replays", "1")
+        assert code == 0
+        lines = out.splitlines()
+        assert lines[0] == (
+            f"replayed 0 of {len(POISON)} dead letters from {dlq} to {queue}; left: "
+            f"{len(POISON)} replayed too often already"
+        )
+        assert len(lines) == 1 + len(POISON)
+        assert all(line.startswith("  left (replayed 1 times): id=") for line in lines[1:])
+        assert rabbit.depth(dlq) == len(POISON)
+
+        (tmp_path / "poison").unlink()  # the cause is fixed
+        code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue)
+        assert code == 0
+        assert out.startswith(f"replayed {len(POISON)} of {len(POISON)} ")
+        wait_until(lambda: len(effects_by_ref(pg_db, HANDLER)) == len(POISON + GOOD), "effects")
+    finally:
+        assert worker.terminate() == 0, worker.tail()
+    assert effects_by_ref(pg_db, HANDLER) == dict.fromkeys(POISON + GOOD, 1)
+    assert rabbit.depth(dlq) == 0
+    stats = worker.stats()
+    assert stats["dead_lettered"] == 2 * len(POISON)
+
+
+def dead_letter(
+    channel: Any, dlq: str, reason: str, handlers: str, *, tries: int = 5, replays: int = 0
+) -> str:
+    message_id = str(uuid.uuid4())
+    headers: dict[str, Any] = {
+        h.TRIES: tries,
+        h.REASON: reason,
+        h.FAILED_HANDLERS: handlers,
+        h.ERROR: "ValueError: no",
+        h.SOURCE_QUEUE: dlq.removesuffix(".dlq"),
+        "app-header": "kept",
+    }
+    if replays:
+        headers[REPLAYS] = replays
+    channel.basic_publish_confirm(
+        amqp.Message(
+            b"\x00\xffraw body",
+            content_type="application/octet-stream",
+            message_id=message_id,
+            type="op",
+            delivery_mode=2,
+            application_headers=headers,
+        ),
+        exchange="",
+        routing_key=dlq,
+    )
+    return message_id
+
+
+@pytest.fixture
+def queues(rabbit: Rabbit) -> Iterator[tuple[str, str, Any]]:
+    queue = rabbit.queue()
+    dlq = f"{queue}.dlq"
+    with rabbit.connection() as connection:
+        connection.connect()
+        channel = connection.connection.channel()
+        for name in (queue, dlq):
+            channel.queue_declare(name, durable=True, auto_delete=False)
+        yield queue, dlq, channel
+
+
+def test_filters_dry_run_and_what_a_replayed_copy_carries(
+    rabbit: Rabbit, queues: tuple[str, str, Any]
+) -> None:
+    queue, dlq, channel = queues
+    failed_a = dead_letter(channel, dlq, "handler-failed", "ops.a")
+    unhandled = dead_letter(channel, dlq, "unhandled-type", "")
+    failed_b = dead_letter(channel, dlq, "handler-failed", "ops.b,ops.c", replays=2)
+
+    code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--dry-run")
+    assert code == 0
+    assert out == f"would replay 3 of 3 dead letters from {dlq} to {queue}\n"
+    assert (rabbit.depth(queue), rabbit.depth(dlq)) == (0, 3)
+    assert [x["message_id"] for x in listed(rabbit, queue)["dead_letters"]] == [
+        failed_a,
+        unhandled,
+        failed_b,
+    ]
+
+    code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--reason", "unhandled-type")
+    assert out == (
+        f"replayed 1 of 3 dead letters from {dlq} to {queue}; left: 2 not matching the filters\n"
+    )
+    code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--handler", "ops.c")
+    assert out.startswith("replayed 1 of 2 ")
+    assert [x["message_id"] for x in listed(rabbit, queue)["dead_letters"]] == [failed_a]
+
+    copies = {m.properties["message_id"]: m for m in rabbit.take_all(queue)}
+    assert set(copies) == {unhandled, failed_b}
+    copy = copies[failed_b]
+    assert copy.body == b"\x00\xffraw body"
+    assert copy.content_type == "application/octet-stream"
+    assert copy.properties["type"] == "op"
+    assert copy.headers["app-header"] == "kept"
+    assert copy.headers[REPLAYS] == 3
+    assert not {h.TRIES, h.REASON, h.ERROR, h.FAILED_HANDLERS} & set(copy.headers)
+
+    code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--keep-tries", "--limit", "1")
+    assert out == f"replayed 1 of 1 dead letters from {dlq} to {queue}\n"
+    [kept] = rabbit.take_all(queue)
+    assert kept.headers[h.TRIES] == 5
+    assert kept.headers[REPLAYS] == 1
+
+
+def test_a_missing_dead_letter_queue_is_one_line(rabbit: Rabbit) -> None:
+    code, out, err = inbox_cli(rabbit, "list", "--queue", rabbit.queue("absent"))
+
+    assert code == 1
+    assert out == ""
+    assert err.startswith("inbox: error: broker amqp://guest:***@")
+    assert "NOT_FOUND" in err
+    assert err.count("\n") == 1
+
+
+def admin_command() -> list[str]:
+    script = Path(sys.executable).with_name("inbox")
+    if script.exists():
+        return [str(script)]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from inbox.admin import admin_main; sys.exit(admin_main())",
+    ]
+
+
+@pytest.mark.slow
+def test_a_replay_killed_midway_loses_nothing_and_doubles_at_most_one(
+    rabbit: Rabbit, queues: tuple[str, str, Any], tmp_path: Path
+) -> None:
+    queue, dlq, channel = queues
+    ids = {dead_letter(channel, dlq, "handler-failed", "ops.a") for _ in range(3000)}
+    log_path = tmp_path / "replay.log"
+    with log_path.open("wb") as log:
+        replay = subprocess.Popen(
+            [*admin_command(), "dlq", "replay", "--queue", queue, "--broker", rabbit.url],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        wait_until(lambda: rabbit.depth(queue) >= 300 or replay.poll() is not None, "a replay")
+        replay.send_signal(signal.SIGKILL)
+        assert replay.wait(30) == -signal.SIGKILL, "the replay ended before it was killed"
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+    # The broker requeues what the killed replay held unacked once it sees the socket close.
+    wait_until(lambda: rabbit.depth(queue) + rabbit.depth(dlq) >= len(ids), "the requeue")
+
+    in_queue = [m.properties["message_id"] for m in rabbit.take_all(queue)]
+    in_dlq = [m.properties["message_id"] for m in rabbit.take_all(dlq)]
+    assert 300 <= len(in_queue) < len(ids)
+    assert set(in_queue) | set(in_dlq) == ids  # nothing lost
+    assert len(in_queue) == len(set(in_queue))
+    assert len(set(in_queue) & set(in_dlq)) <= 1  # at most the message in flight

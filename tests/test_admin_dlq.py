@@ -273,3 +273,28 @@ def test_a_replay_killed_midway_loses_nothing_and_doubles_at_most_one(
     assert set(in_queue) | set(in_dlq) == ids  # nothing lost
     assert len(in_queue) == len(set(in_queue))
     assert len(set(in_queue) & set(in_dlq)) <= 1  # at most the message in flight
+
+
+def test_listing_a_quorum_dead_letter_queue_again_and_again_keeps_every_message(
+    rabbit: Rabbit,
+) -> None:
+    # A quorum queue counts every return of a message held unacked (x-delivery-count) and,
+    # from RabbitMQ 4.0 on, drops it past its delivery limit (20 by default).
+    queue = rabbit.queue("quorum")
+    dlq = f"{queue}.dlq"
+    with rabbit.connection() as connection:
+        connection.connect()
+        channel = connection.connection.channel()
+        channel.queue_declare(queue, durable=True, auto_delete=False)
+        channel.queue_declare(
+            dlq, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+        )
+        ids = [dead_letter(channel, dlq, "handler-failed", "ops.a") for _ in range(3)]
+
+    for _ in range(25):
+        assert {x["message_id"] for x in listed(rabbit, queue)["dead_letters"]} == set(ids)
+
+    kept = rabbit.take_all(dlq)
+    assert sorted(m.properties["message_id"] for m in kept) == sorted(ids)
+    assert all(m.headers.get("x-delivery-count", 0) < 10 for m in kept)
+    assert all(m.body == b"\x00\xffraw body" and m.headers[h.TRIES] == 5 for m in kept)

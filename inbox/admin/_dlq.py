@@ -56,6 +56,8 @@ FAILURE_HEADERS: Final = (
 # connection's, and an expiration would let the broker drop the replayed message.
 _DROPPED_PROPERTIES: Final = ("user_id", "expiration")
 _CONFIRM_TIMEOUT: Final = 30.0
+_DELIVERY_COUNT: Final = "x-delivery-count"  # a quorum queue's count of returns
+_REFRESH_AT: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +168,7 @@ def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadL
         if message is None:
             break
         letters.append(DeadLetter.read(message))
+        hold(channel, message, dlq)
     return present, letters
 
 
@@ -193,18 +196,13 @@ def replay(
         letter = DeadLetter.read(message)
         if not _matches(letter, options):
             report.not_matching += 1
+            hold(channel, message, dlq)
         elif letter.replays >= options.max_replays:
             report.replayed_too_often.append(letter)
+            hold(channel, message, dlq)
         elif not options.dry_run:
-            copy = amqp.Message(
-                message.body, **_copy_properties(message.properties, letter, options)
-            )
-            channel.basic_publish_confirm(
-                copy,
-                exchange="",
-                routing_key=queue,
-                mandatory=True,
-                confirm_timeout=_CONFIRM_TIMEOUT,
+            _publish(
+                channel, message.body, _copy_properties(message.properties, letter, options), queue
             )
             # Acked only after the broker confirmed the copy: a crash before this line leaves
             # the dead letter where it was (and maybe the copy too), never neither.
@@ -212,9 +210,39 @@ def replay(
             report.replayed += 1
         else:
             report.replayed += 1
+            hold(channel, message, dlq)
         if progress is not None:
             progress(report)
     return report
+
+
+def hold(channel: amqp.Channel, message: amqp.Message, dlq: str) -> None:
+    """Keep ``message`` in the dead-letter queue: held unacked, it returns to its place when
+    the channel closes. A quorum queue counts each such return as a delivery and, from
+    RabbitMQ 4.0 on, drops a message past its delivery limit (20 by default) where no
+    dead-letter target is set: a message returned :data:`_REFRESH_AT` times already is
+    copied to the queue's tail instead (confirmed, then acked), which starts a new count."""
+    headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
+    returned = headers.get(_DELIVERY_COUNT)
+    if isinstance(returned, int) and not isinstance(returned, bool) and returned >= _REFRESH_AT:
+        properties = dict(message.properties)
+        properties["application_headers"] = {
+            k: v for k, v in headers.items() if k != _DELIVERY_COUNT
+        }
+        _publish(channel, message.body, properties, dlq)
+        channel.basic_ack(message.delivery_tag)
+
+
+def _publish(channel: amqp.Channel, body: Any, properties: Mapping[str, Any], queue: str) -> None:
+    """Publish a copy to ``queue`` and wait for the broker's confirm; an unroutable copy
+    (the queue was deleted) raises the broker's NO_ROUTE."""
+    channel.basic_publish_confirm(
+        amqp.Message(body, **properties),
+        exchange="",
+        routing_key=queue,
+        mandatory=True,
+        confirm_timeout=_CONFIRM_TIMEOUT,
+    )
 
 
 def _matches(letter: DeadLetter, options: ReplayOptions) -> bool:

@@ -7,6 +7,7 @@ Create Date: 2026-11-26
 Frozen like the first revision: the schema is spelled out here, not imported.
 """
 
+import datetime
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -29,7 +30,7 @@ def _long_text() -> sa.types.TypeEngine[str]:
     return sa.Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb")
 
 
-def _timestamp() -> sa.types.TypeEngine[object]:
+def _timestamp() -> sa.types.TypeEngine[datetime.datetime]:
     return sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 
 

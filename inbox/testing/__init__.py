@@ -1,0 +1,52 @@
+"""Testing applications built on the inbox: a pytest plugin and the helpers behind it.
+
+The plugin (``inbox.testing.plugin``, loaded by pytest through the ``pytest11`` entry point)
+provides the ``inbox_*`` fixtures; this package holds what tests call directly:
+:func:`assert_idempotent`, :class:`FakeProvider` for ``inbox.effect``, :class:`WorkerHarness`
+(the worker on kombu's in-memory broker) and :func:`throwaway_database`. See docs/testing.md.
+
+Names are imported when first used, so loading the plugin costs nothing more than
+``import inbox``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inbox.testing._databases import DATABASE_URL_ENV, ThrowawayDatabase, throwaway_database
+    from inbox.testing.asserts import NotIdempotent, assert_idempotent
+    from inbox.testing.fakes import FakeProvider, FakeProviderError
+    from inbox.testing.harness import DeadLetterCopy, WorkerHarness
+
+__all__ = [
+    "DATABASE_URL_ENV",
+    "DeadLetterCopy",
+    "FakeProvider",
+    "FakeProviderError",
+    "NotIdempotent",
+    "ThrowawayDatabase",
+    "WorkerHarness",
+    "assert_idempotent",
+    "throwaway_database",
+]
+
+_HOMES = {
+    "DATABASE_URL_ENV": "inbox.testing._databases",
+    "ThrowawayDatabase": "inbox.testing._databases",
+    "throwaway_database": "inbox.testing._databases",
+    "NotIdempotent": "inbox.testing.asserts",
+    "assert_idempotent": "inbox.testing.asserts",
+    "FakeProvider": "inbox.testing.fakes",
+    "FakeProviderError": "inbox.testing.fakes",
+    "DeadLetterCopy": "inbox.testing.harness",
+    "WorkerHarness": "inbox.testing.harness",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -1,0 +1,107 @@
+"""Throwaway databases for tests: a SQLite file, or a fresh schema (PostgreSQL) or database
+(MariaDB, MySQL) on a server, with the inbox's tables and the application's created, dropped
+afterwards."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+from inbox.schema import metadata as inbox_metadata
+
+__all__ = ["DATABASE_URL_ENV", "ThrowawayDatabase", "throwaway_database"]
+
+DATABASE_URL_ENV: Final = "INBOX_TESTING_DATABASE_URL"
+"""The environment variable naming the server the fixtures create their databases on."""
+
+_SERVERS: Final = ("postgresql", "mysql", "mariadb")
+
+
+@dataclass(frozen=True)
+class ThrowawayDatabase:
+    """A database that exists for one test: its ``url`` (an engine of your own made from it
+    sees the same tables) and an ``engine`` on it."""
+
+    url: str
+    engine: Engine
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """A session factory on :attr:`engine`, what ``Inbox(...)`` takes."""
+        return sessionmaker(self.engine)
+
+
+@contextmanager
+def throwaway_database(
+    server_url: str | None, directory: Path, metadata: Sequence[MetaData] = ()
+) -> Iterator[ThrowawayDatabase]:
+    """A fresh database with the inbox tables and every table of ``metadata`` created:
+    ``inbox.db`` in ``directory`` without ``server_url``, else a new schema (PostgreSQL) or
+    database (MariaDB, MySQL) on that server, dropped on exit."""
+    if server_url is None:
+        url = f"sqlite:///{directory / 'inbox.db'}"
+        with _created(url, metadata) as database:
+            yield database
+        return
+    base = _server_url(server_url)
+    name = f"inbox_test_{uuid.uuid4().hex[:16]}"
+    postgres = base.get_backend_name() == "postgresql"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as connection:
+            quoted = connection.dialect.identifier_preparer.quote(name)
+            connection.execute(text(f"CREATE {'SCHEMA' if postgres else 'DATABASE'} {quoted}"))
+    except Exception as exc:
+        admin.dispose()
+        where = base.render_as_string(hide_password=True)
+        raise RuntimeError(
+            f"cannot create a throwaway database on {where} ({DATABASE_URL_ENV} or "
+            f"--inbox-database-url): {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from exc
+    if postgres:
+        isolated = base.update_query_dict({"options": f"-csearch_path={name}"})
+        drop = f"DROP SCHEMA {quoted} CASCADE"
+    else:
+        isolated = base.set(database=name)
+        drop = f"DROP DATABASE {quoted}"
+    try:
+        with _created(isolated.render_as_string(hide_password=False), metadata) as database:
+            yield database
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(drop))
+        admin.dispose()
+
+
+def _server_url(server_url: str) -> URL:
+    try:
+        url = make_url(server_url)
+    except Exception as exc:
+        raise ValueError(f"{DATABASE_URL_ENV}: not a database URL ({exc})") from None
+    if url.get_backend_name() not in _SERVERS:
+        raise ValueError(
+            f"{DATABASE_URL_ENV}: the fixtures create databases on {', '.join(_SERVERS)} "
+            f"servers (SQLite is the default without a URL), got {url.get_backend_name()!r}"
+        )
+    return url
+
+
+@contextmanager
+def _created(url: str, metadata: Sequence[MetaData]) -> Iterator[ThrowawayDatabase]:
+    engine = create_engine(url)
+    try:
+        inbox_metadata.create_all(engine)
+        for each in metadata:
+            each.create_all(engine)
+        yield ThrowawayDatabase(url, engine)
+    finally:
+        engine.dispose()

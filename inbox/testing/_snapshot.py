@@ -1,0 +1,134 @@
+"""The contents of a test database, captured and put back: what lets ``assert_idempotent``
+start every delivery from the same state and compare where each one ends.
+
+A test database is small, so every table is read whole. Putting a snapshot back also resets
+the counters behind auto-incremented columns, so every run numbers its new rows alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, select, text
+
+__all__ = ["Database", "Rows", "Snapshot"]
+
+Rows = Counter[tuple[Hashable, ...]]
+"""A table's rows as a multiset of value tuples (order does not matter in a table)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every row of every table of one database, as read."""
+
+    rows: Mapping[str, list[dict[str, object]]]
+
+
+class Database:
+    """The tables of one engine's database (its default schema), reflected once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.metadata = MetaData()
+        self.metadata.reflect(engine)
+        self._serial: dict[str, list[str]] = {}
+        with engine.connect() as connection:
+            for table in self.metadata.sorted_tables:
+                self._serial[table.name] = _counted_columns(connection, table)
+
+    def table(self, name: str) -> Table:
+        """The reflected table ``name``; ValueError naming the tables there are."""
+        table = self.metadata.tables.get(name)
+        if table is None:
+            known = ", ".join(sorted(self.metadata.tables)) or "none"
+            raise ValueError(f"no table {name!r} in the test database (tables: {known})")
+        return table
+
+    def rows(self, snapshot: Snapshot, name: str, ignored: Iterable[str]) -> tuple[list[str], Rows]:
+        """The compared columns of table ``name`` and its rows in ``snapshot`` over them."""
+        skip = set(ignored)
+        columns = [c.name for c in self.table(name).columns if c.name not in skip]
+        return columns, Counter(
+            tuple(_hashable(row[c]) for c in columns) for row in snapshot.rows[name]
+        )
+
+    def capture(self) -> Snapshot:
+        """Read every table."""
+        with self.engine.connect() as connection:
+            return Snapshot(
+                {
+                    table.name: [dict(row._mapping) for row in connection.execute(select(table))]
+                    for table in self.metadata.sorted_tables
+                }
+            )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Make every table hold exactly the rows of ``snapshot`` again."""
+        tables = self.metadata.sorted_tables
+        with self.engine.begin() as connection:
+            for table in reversed(tables):
+                connection.execute(delete(table))
+            for table in tables:
+                if snapshot.rows[table.name]:
+                    connection.execute(insert(table), snapshot.rows[table.name])
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """Set every auto-increment counter just above its column's highest value: the
+        numbers a rolled-back attempt used up are handed out again, so a redelivery numbers
+        its rows as a first delivery would."""
+        for table in self.metadata.sorted_tables:
+            self._reset_counter(table)
+
+    def _reset_counter(self, table: Table) -> None:
+        dialect = self.engine.dialect.name
+        columns = self._serial[table.name]
+        if not columns:
+            return
+        with self.engine.begin() as connection:
+            if dialect == "postgresql":
+                for column in columns:
+                    sequence = connection.scalar(
+                        select(func.pg_get_serial_sequence(_qualified(connection, table), column))
+                    )
+                    highest = connection.scalar(select(func.max(table.c[column])))
+                    connection.execute(select(func.setval(sequence, (highest or 0) + 1, False)))
+            elif dialect in ("mysql", "mariadb"):
+                # InnoDB moves a counter set below the highest value up to just above it.
+                name = connection.dialect.identifier_preparer.format_table(table)
+                connection.execute(text(f"ALTER TABLE {name} AUTO_INCREMENT = 1"))
+            else:  # SQLite AUTOINCREMENT: without its row, the next id is max(rowid) + 1
+                connection.execute(
+                    text("DELETE FROM sqlite_sequence WHERE name = :name"), {"name": table.name}
+                )
+
+
+def _counted_columns(connection: Connection, table: Table) -> list[str]:
+    """The columns a counter fills that a rolled-back insert does not give back."""
+    dialect = connection.dialect.name
+    if dialect == "postgresql":
+        qualified = _qualified(connection, table)
+        return [
+            column.name
+            for column in table.columns
+            if connection.scalar(select(func.pg_get_serial_sequence(qualified, column.name)))
+        ]
+    if dialect in ("mysql", "mariadb"):
+        return [column.name for column in table.columns if column.autoincrement is True]
+    autoincrement = connection.scalar(  # SQLite keeps AUTOINCREMENT counters in one table
+        text("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
+    )
+    return ["rowid"] if autoincrement else []
+
+
+def _qualified(connection: Connection, table: Table) -> str:
+    return connection.dialect.identifier_preparer.format_table(table)
+
+
+def _hashable(value: object) -> Hashable:
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value if isinstance(value, Hashable) else repr(value)

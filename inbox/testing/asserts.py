@@ -1,0 +1,172 @@
+"""``assert_idempotent``: prove a message's handlers are safe to redeliver.
+
+The message goes through the inbox's real ``process()`` several times over, each time from
+the database as it was when the assertion was called: once cleanly (the reference), twice in
+a row, and, per handler that takes it, redelivered after a failure injected once the handler
+had run and after a simulated crash before its commit (see :mod:`inbox.testing._scenarios`).
+Where a run leaves the chosen tables different from the clean run, the assertion fails with
+the rows that differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Final
+
+from sqlalchemy import Engine, Table
+
+from inbox.core import Inbox
+from inbox.message import Message
+from inbox.testing._scenarios import scenarios
+from inbox.testing._snapshot import Database, Snapshot
+
+__all__ = ["NotIdempotent", "assert_idempotent"]
+
+_ROWS_SHOWN: Final = 10
+
+
+class NotIdempotent(AssertionError):
+    """A redelivery left the database different from one clean run of the message."""
+
+
+def assert_idempotent(
+    inbox: Inbox,
+    message: Message,
+    *,
+    tables: Sequence[str | Table],
+    ignore_columns: Collection[str] = (),
+) -> None:
+    """Fail with a readable diff unless every way ``message`` can be redelivered leaves
+    ``tables`` as one clean run of it does.
+
+    The runs: one clean delivery (the reference); two in a row; and for each handler that
+    takes the message, a redelivery after a failure injected once the handler had run (its
+    transaction rolls back) and a redelivery after a simulated crash before its commit (the
+    handlers after it do not run until the redelivery). Each starts from the database as it
+    was at the call, every table of it put back; ``ignore_columns`` (``"table.column"``)
+    are left out of the comparison (timestamps, random ids). The database is left as the
+    clean run left it.
+
+    Handlers run for real, through ``inbox.process``: writes outside the inbox's session
+    (another connection, another engine on the same database) are seen, and are what this
+    catches. Needs a database of its own for the test (the ``inbox_database`` fixture).
+    """
+    __tracebackhide__ = True
+    if not isinstance(inbox, Inbox):
+        raise TypeError(
+            f"assert_idempotent() takes an inbox.Inbox, got {type(inbox).__name__} "
+            "(an AsyncInbox is not supported yet)"
+        )
+    if not isinstance(message, Message):
+        raise TypeError(f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}")
+    database = Database(_engine_of(inbox))
+    compared = _compared(database, tables, ignore_columns)
+    stores = [Database(e) for e in _other_engines(inbox, database.engine)]
+    at_call = [d.capture() for d in (database, *stores)]
+
+    def fresh() -> None:
+        for each, snapshot in zip((database, *stores), at_call, strict=True):
+            each.restore(snapshot)
+
+    def between() -> None:
+        for each in (database, *stores):
+            each.reset_counters()
+
+    fresh()
+    try:
+        inbox.process(message)
+    except Exception as exc:
+        fresh()
+        raise NotIdempotent(
+            f"message {message.id} (type {message.type!r}) fails on a clean run, so its "
+            f"redeliveries cannot be judged: {type(exc).__name__}: {exc}"
+        ) from exc
+    reference = database.capture()
+    findings: list[str] = []
+    for scenario in scenarios(inbox, message):
+        fresh()
+        try:
+            remarks = scenario.deliver(between)
+        except Exception as exc:
+            findings.append(f"{scenario.title}:\n  it raised {type(exc).__name__}: {exc}")
+            continue
+        differences = _differences(database, reference, database.capture(), compared)
+        if differences or remarks:
+            lines = [f"  {remark}" for remark in remarks] + differences
+            findings.append(f"{scenario.title}:\n" + "\n".join(lines))
+    database.restore(reference)
+    if findings:
+        raise NotIdempotent(_report(message, compared, findings))
+
+
+def _engine_of(inbox: Inbox) -> Engine:
+    session = inbox._session_factory()
+    try:
+        bind = session.get_bind(clause=inbox._claims.bind_clause)
+    finally:
+        session.close()
+    return bind if isinstance(bind, Engine) else bind.engine
+
+
+def _other_engines(inbox: Inbox, engine: Engine) -> list[Engine]:
+    """The effect store, when it is a database of its own: it is put back too."""
+    store = getattr(getattr(inbox, "_effects", None), "_store", None)
+    return [store] if isinstance(store, Engine) and store.url != engine.url else []
+
+
+def _compared(
+    database: Database, tables: Sequence[str | Table], ignore_columns: Collection[str]
+) -> dict[str, list[str]]:
+    """Table name → the columns left out of its comparison; ValueError for a bad name."""
+    if isinstance(tables, str) or not tables:
+        raise ValueError("tables= takes a non-empty list of table names or Table objects")
+    names = [t.name if isinstance(t, Table) else t for t in tables]
+    compared: dict[str, list[str]] = {database.table(name).name: [] for name in names}
+    for column in ignore_columns:
+        table, dot, name = column.rpartition(".")
+        if not dot or table not in compared:
+            raise ValueError(
+                f"ignore_columns: {column!r} is not 'table.column' for one of the compared "
+                f"tables ({', '.join(compared)})"
+            )
+        if name not in database.table(table).columns:
+            raise ValueError(f"ignore_columns: table {table!r} has no column {name!r}")
+        compared[table].append(name)
+    return compared
+
+
+def _differences(
+    database: Database, reference: Snapshot, now: Snapshot, compared: dict[str, list[str]]
+) -> list[str]:
+    lines: list[str] = []
+    for table, ignored in compared.items():
+        columns, expected = database.rows(reference, table, ignored)
+        _, got = database.rows(now, table, ignored)
+        if expected == got:
+            continue
+        lines.append(
+            f"  table {table}: {expected.total()} row(s) after the clean run, "
+            f"{got.total()} after this one"
+        )
+        for sign, rows in (("-", expected - got), ("+", got - expected)):
+            shown = sorted(rows.elements(), key=repr)
+            for row in shown[:_ROWS_SHOWN]:
+                lines.append(f"    {sign} {dict(zip(columns, row, strict=True))}")
+            if len(shown) > _ROWS_SHOWN:
+                lines.append(f"    {sign} ... and {len(shown) - _ROWS_SHOWN} more")
+    return lines
+
+
+def _report(message: Message, compared: dict[str, list[str]], findings: list[str]) -> str:
+    ignored = [f"{t}.{c}" for t, columns in compared.items() for c in columns]
+    return "\n".join(
+        [
+            f"message {message.id} (type {message.type!r}) is not handled idempotently: "
+            f"{len(findings)} redelivery scenario(s) left the database different from one "
+            "clean run ('-' only after the clean run, '+' only after the redelivery)",
+            "",
+            *findings,
+            "",
+            f"compared: {', '.join(compared)}; ignored columns: {', '.join(ignored) or 'none'}",
+        ]
+    )

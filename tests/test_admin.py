@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 from support.databases import Database
 from support.effects import record_effect
@@ -330,3 +330,36 @@ def test_version_and_cleanup(db: Database, capsys: pytest.CaptureFixture[str]) -
 
     with db.engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(inbox_message)).scalar() == 0
+
+
+def test_the_documented_grants_are_enough(pg_db: Database) -> None:
+    inbox = make_inbox(pg_db)
+    message = order("48")
+    inbox.process(message)
+    add_effect(pg_db, message.id, "ops.apply", "charge", "done")
+    schema = pg_db.engine.url.query["options"].partition("search_path=")[2]
+    role = f"inbox_admin_{uuid.uuid4().hex[:8]}"
+    grants = [
+        f"CREATE ROLE {role} LOGIN",
+        f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+        f"GRANT SELECT ON inbox_message, inbox_effect, outbox_message TO {role}",
+        f"GRANT DELETE ON inbox_message, inbox_effect TO {role}",
+    ]
+    with pg_db.engine.begin() as connection:
+        for grant in grants:
+            connection.execute(text(grant))
+    as_role = pg_db.engine.url.set(username=role).render_as_string(hide_password=False)
+    try:
+        for argv in (
+            ["status"],
+            ["show", str(message.id)],
+            ["release", str(message.id), "--handler", "ops.apply", "--yes"],
+        ):
+            out, err = io.StringIO(), io.StringIO()
+            code = admin_main([*argv, "--database-url", as_role], stdout=out, stderr=err)
+            assert (code, err.getvalue()) == (0, ""), argv
+    finally:
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"DROP OWNED BY {role}"))
+            connection.execute(text(f"DROP ROLE {role}"))
+    assert inbox.process(message).outcomes["ops.apply"] is Outcome.PROCESSED

@@ -92,28 +92,27 @@ def find(
     """Every claim under ``keys`` (of ``handler`` only, when given), oldest first, and the
     effect records of the same keys; ``effects`` None, or not in the database: none."""
     with engine.connect() as connection:
-        return _find(connection, claims, effects, keys, handler, lock=False)
+        return _find(connection, claims, effects, keys, handler)
 
 
 def release(
     engine: Engine, claims: Table, effects: Table | None, keys: Sequence[LookupKey], handler: str
-) -> Found:
+) -> tuple[int, int]:
     """Delete the claims of ``handler`` under ``keys`` and their effect records, in one
-    transaction, and return what was deleted: the next delivery of the message runs the
-    handler again, and each of its effect steps calls again. A claim still being written
-    (its handler running) is waited for."""
+    transaction; return how many of each were deleted. The next delivery of the message runs
+    the handler again, and each of its effect steps calls again. A claim whose handler is
+    still running is not there yet and is not deleted."""
     values = [k.key for k in keys]
     with engine.begin() as connection:
-        removed = _find(connection, claims, effects, keys, handler, lock=True)
-        if removed.claims:
-            connection.execute(
-                delete(claims).where(claims.c.message_id.in_(values), claims.c.handler == handler)
-            )
-        if removed.effects and effects is not None:
-            connection.execute(
+        deleted = connection.execute(
+            delete(claims).where(claims.c.message_id.in_(values), claims.c.handler == handler)
+        ).rowcount
+        deleted_effects = 0
+        if effects is not None and inspect(connection).has_table(effects.name, effects.schema):
+            deleted_effects = connection.execute(
                 delete(effects).where(effects.c.claim_key.in_(values), effects.c.handler == handler)
-            )
-    return removed
+            ).rowcount
+    return deleted, deleted_effects
 
 
 def _find(
@@ -122,8 +121,6 @@ def _find(
     effects: Table | None,
     keys: Sequence[LookupKey],
     handler: str | None,
-    *,
-    lock: bool,
 ) -> Found:
     by_key = {k.key: k for k in keys}
     query = select(claims.c.message_id, claims.c.handler, claims.c.processed_at).where(
@@ -131,8 +128,6 @@ def _find(
     )
     if handler is not None:
         query = query.where(claims.c.handler == handler)
-    if lock:
-        query = query.with_for_update()
     found_claims = tuple(
         Claim(by_key[key], name, at)
         for key, name, at in connection.execute(query.order_by(claims.c.processed_at))
@@ -145,8 +140,6 @@ def _find(
     ).where(c.claim_key.in_(list(by_key)))
     if handler is not None:
         effect_query = effect_query.where(c.handler == handler)
-    if lock:
-        effect_query = effect_query.with_for_update()
     rows = connection.execute(effect_query.order_by(c.handler, c.started_at))
     found_effects = tuple(
         Effect(by_key[key], name, step, status, attempts, error, started, updated)

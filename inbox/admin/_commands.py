@@ -121,9 +121,9 @@ def release(
         if not io.confirm(question):
             io.err.write("inbox: nothing released\n")
             return EXIT_USAGE
-    removed = _claims.release(engine, tables.claims, tables.effects, keys, args.handler)
+    claims, effects = _claims.release(engine, tables.claims, tables.effects, keys, args.handler)
     io.out.write(
-        f"released: {len(removed.claims)} claim(s) and {len(removed.effects)} effect record(s) "
+        f"released: {claims} claim(s) and {effects} effect record(s) "
         f"of {args.handler} deleted; the next delivery runs it again\n"
     )
     return EXIT_OK

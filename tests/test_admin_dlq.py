@@ -298,3 +298,21 @@ def test_listing_a_quorum_dead_letter_queue_again_and_again_keeps_every_message(
     assert sorted(m.properties["message_id"] for m in kept) == sorted(ids)
     assert all(m.headers.get("x-delivery-count", 0) < 10 for m in kept)
     assert all(m.body == b"\x00\xffraw body" and m.headers[h.TRIES] == 5 for m in kept)
+
+
+def test_status_shows_the_dead_letter_queue_depth(
+    pg_db: Database, rabbit: Rabbit, queues: tuple[str, str, Any]
+) -> None:
+    queue, dlq, channel = queues
+    for _ in range(2):
+        dead_letter(channel, dlq, "handler-failed", "ops.a")
+    out, err = io.StringIO(), io.StringIO()
+
+    code = admin_main(
+        ["status", "--database-url", pg_db.url, "--broker", rabbit.url, "--queue", queue],
+        stdout=out,
+        stderr=err,
+    )
+
+    assert (code, err.getvalue()) == (0, "")
+    assert out.getvalue().splitlines()[-1] == f"dead letters in {dlq}: 2"

@@ -33,7 +33,9 @@ def someone_waits_on_a_lock(admin: Engine, backend: str) -> bool:
     query = (
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
         if backend == "postgresql"
-        else "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        # The claim INSERT still running is B waiting on A's uncommitted claim row.
+        else "SELECT count(*) FROM information_schema.processlist "
+        "WHERE command = 'Query' AND info LIKE 'INSERT INTO inbox_message%'"
     )
     with admin.connect() as connection:
         return bool(connection.execute(text(query)).scalar_one())

@@ -45,11 +45,20 @@ class Wakeup:
         """True while a ``LISTEN`` connection is open."""
         return self._connection is not None
 
+    def open(self) -> None:
+        """Start listening, before the first look at the table: a row committed after that
+        look is then always notified."""
+        if self._wanted and self._connection is None:
+            self._listen()
+
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True when woken by a notification."""
+        """Wait up to ``timeout`` seconds; True when woken by a notification, or when
+        listening again after a loss (rows committed meanwhile were not notified)."""
         deadline = time.monotonic() + timeout
         if self._wanted and self._connection is None and time.monotonic() >= self._next_try:
             self._listen()
+            if self._connection is not None:
+                return True
         while not self._stopping.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -58,10 +67,11 @@ class Wakeup:
                 self._stopping.wait(remaining)
                 return False
             try:
-                for notify in self._connection.notifies(timeout=min(remaining, _SLICE)):
-                    if notify.payload == self._payload:
-                        self._discard_pending()
-                        return True
+                # One at a time: the generator holds the connection until it is finished.
+                got = list(self._connection.notifies(timeout=min(remaining, _SLICE), stop_after=1))
+                if any(notify.payload == self._payload for notify in got):
+                    self._discard_pending()
+                    return True
             except Exception as exc:  # the server went away: poll until it is back
                 logger.warning("outbox LISTEN connection lost (%s); polling", error_line(exc))
                 self.close()
@@ -78,8 +88,8 @@ class Wakeup:
     def _listen(self) -> None:
         try:
             raw = self._engine.raw_connection()
-            raw.detach()  # never back to the pool: it holds a LISTEN
             driver: Any = raw.driver_connection
+            raw.detach()  # never back to the pool: it holds a LISTEN
             if type(driver).__module__.split(".")[0] != "psycopg":
                 raw.close()
                 self._wanted = False
@@ -101,7 +111,7 @@ class Wakeup:
     def _discard_pending(self) -> None:
         """Swallow notifications already received: one wake-up takes every committed row."""
         try:
-            for _ in self._connection.notifies(timeout=0):
+            for _ in self._connection.notifies(timeout=0.001):  # 0 would mean no timeout
                 pass
         except Exception:
             self.close()

@@ -127,6 +127,7 @@ class Relay:
             self.poll_interval,
         )
         last_stats = time.monotonic()
+        self._wakeup.open()
         try:
             while not self._stopping.is_set():
                 taken = self._step(strict=False)
@@ -159,6 +160,7 @@ class Relay:
         how many were published. Raises ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         before = self.stats.published
+        self._wakeup.open()
         while not self._stopping.is_set():
             self.drain()
             if outbox_status(self.engine, self._rows.table).pending == 0:

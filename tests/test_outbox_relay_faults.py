@@ -215,9 +215,8 @@ def test_database_sessions_terminated_under_the_relay_lose_nothing(
 ) -> None:
     queue = declare_queue(rabbit, "q")
     application = f"relay-{uuid.uuid4().hex[:8]}"
-    engine = create_engine(
-        pg_db.url, pool_pre_ping=True, connect_args={"application_name": application}
-    )
+    # No pre-ping: a terminated pooled session must surface as an error the relay survives.
+    engine = create_engine(pg_db.url, connect_args={"application_name": application})
     relay = Relay(engine, rabbit.url, batch_size=50, poll_interval=0.2, stats_interval=None)
     try:
         relay, sent, written = _run_relay_under_fault(
@@ -231,6 +230,7 @@ def test_database_sessions_terminated_under_the_relay_lose_nothing(
     finally:
         engine.dispose()
     assert set(sent) == written
+    assert relay.stats.database_errors >= 1
     twice = sum(n - 1 for n in sent.values())
     assert twice <= relay.stats.unconfirmed + relay.stats.resent
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faststream.exceptions import StopConsume
 from faststream.rabbit import RabbitBroker, RabbitMessage
 from faststream.rabbit.testing import TestRabbitBroker
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
@@ -25,6 +26,7 @@ from support.aio import AsyncDatabase, AsyncRecorder, fresh_async_database, run
 
 from inbox.aio import AsyncInbox
 from inbox.broker import RetryPolicy
+from inbox.errors import SessionConfigurationError
 from inbox.faststream import subscribe_rabbit, subscribe_redis_stream
 
 FAST_RETRIES = RetryPolicy(delays=(0.001,), max_tries=3)
@@ -137,3 +139,35 @@ def test_import_inbox_and_inbox_aio_load_no_faststream() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_configuration_error_gives_the_delivery_back_and_stops_the_subscriber(
+    sqlite: AsyncDatabase,
+) -> None:
+    async def main() -> tuple[BaseException | None, Any, list[type[BaseException]]]:
+        async with sqlite.engine() as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+
+            @inbox.handler("op", name="ops.misconfigured")
+            async def misconfigured(message: Any, session: Any) -> None:
+                raise SessionConfigurationError("the session factory is wrong")
+
+            broker = RabbitBroker()
+            subscription = subscribe_rabbit(broker, inbox, "orders")
+            raised: list[type[BaseException]] = []
+            async with TestRabbitBroker(broker) as test_broker:
+                for _ in range(2):
+                    try:
+                        await test_broker.publish(
+                            {"ref": "a"}, "orders", message_id=str(uuid.uuid4()), message_type="op"
+                        )
+                    except StopConsume:
+                        raised.append(StopConsume)
+            return subscription.halted_by, subscription.stats, raised
+
+    halted_by, stats, raised = run(main())
+    assert isinstance(halted_by, SessionConfigurationError)
+    assert raised == [StopConsume]  # FastStream stops the subscriber on it
+    # Neither delivery was retried, dead-lettered or acked: both were given back untouched.
+    assert (stats.acked, stats.retried, stats.dead_lettered, stats.requeued) == (0, 0, 0, 2)
+    assert sqlite.db.effect_counts() == {}

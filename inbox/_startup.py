@@ -111,9 +111,9 @@ def check_schema(bind: Engine | Connection, tables: Iterable[Table]) -> None:
 def wait_for_schema(
     bind: Engine | Connection, tables: Iterable[Table], *, retries: int = 3
 ) -> None:
-    """:func:`check_schema`, retried ``retries`` times (after 2, 4, 6… seconds) while the
-    database cannot be reached: a process that starts beside a restarting database waits a
-    little, as for the broker. :class:`SchemaNotReady` is never retried."""
+    """:func:`check_schema`, retried ``retries`` times (after 2, 4, 6… seconds, at most 30)
+    while the database cannot be reached: a process that starts beside a restarting database
+    waits, as for the broker. :class:`SchemaNotReady` is never retried."""
     wanted = list(tables)
     for attempt in range(retries + 1):
         try:
@@ -122,7 +122,7 @@ def wait_for_schema(
         except DBAPIError as exc:
             if attempt == retries or not _unreachable(exc):
                 raise
-        time.sleep(2.0 * (attempt + 1))
+        time.sleep(min(2.0 * (attempt + 1), 30.0))
 
 
 def inbox_engine(session_factory: object, claim_clause: object) -> Engine | None:

@@ -30,8 +30,9 @@ class OutboxRecord:
     __mapper__: Mapper[Any]
 
     def __init__(self, **columns: Any) -> None:
-        for name, value in columns.items():
-            setattr(self, name, value)
+        # Straight into the instance's dict, skipping twelve attribute events: a new
+        # object's INSERT reads its values from there, and nothing else reads this object.
+        self.__dict__.update(columns)
 
     def __repr__(self) -> str:
         return f"<outbox row {self.__dict__.get('id')} type={self.__dict__.get('type')!r}>"

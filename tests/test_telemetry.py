@@ -202,3 +202,46 @@ def test_without_opentelemetry_the_inbox_works_and_records_nothing(tmp_path: obj
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["processed", "duplicate"]
+
+
+def test_before_an_sdk_is_configured_nothing_is_recorded_and_after_it_everything() -> None:
+    # A process of its own: the SDK is configured after `import inbox`, as an application
+    # that sets up OpenTelemetry in its main() does.
+    code = textwrap.dedent(
+        """
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import sessionmaker
+        from inbox import Inbox, Message
+        from inbox.message import uuid7
+        from inbox.schema import metadata
+        from inbox.telemetry import _core
+
+        engine = create_engine("sqlite://")
+        metadata.create_all(engine)
+        box = Inbox(sessionmaker(engine))
+        box.handler("t", name="h")(lambda message, session: None)
+        before = Message(id=uuid7(), type="t", body={})
+        assert _core.watch(before) is None
+        box.process(before)
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        box.process(Message(id=uuid7(), type="t", body={}))
+        box.process(before)
+        found = {
+            metric.name: sum(point.value for point in metric.data.data_points)
+            for resource in reader.get_metrics_data().resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name in ("inbox.processed", "inbox.duplicates")
+        }
+        print(found["inbox.processed"], found["inbox.duplicates"])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"]

@@ -17,7 +17,7 @@ from kombu.message import Message as Delivery
 
 from inbox.broker._policy import Ack, Decision, Halt, Retry
 from inbox.telemetry import _names as n
-from inbox.telemetry._api import INSTRUMENTS, Instruments
+from inbox.telemetry._api import Instruments, configured, tracing
 from inbox.telemetry._context import extract_context, inject_context
 
 __all__ = ["observe_decision", "traced_batch", "traced_delivery", "traced_publish"]
@@ -29,9 +29,10 @@ PROCESS: Final = "process"
 def traced_delivery(system: str, queue: str, delivery: Delivery) -> AbstractContextManager[None]:
     """The span of one delivery, from taken to settled (current meanwhile, so the handler
     spans are its children), and its ``messaging.process.duration``."""
-    if INSTRUMENTS is None:
+    instruments = configured()
+    if instruments is None:
         return _NULL
-    return _consuming(INSTRUMENTS, system, queue, [delivery])
+    return _consuming(instruments, system, queue, [delivery])
 
 
 def traced_batch(
@@ -39,9 +40,10 @@ def traced_batch(
 ) -> AbstractContextManager[None]:
     """One span for a batch, linked to the producer of each delivery (the messaging
     conventions' batch processing): a batch has no single parent."""
-    if INSTRUMENTS is None:
+    instruments = configured()
+    if instruments is None:
         return _NULL
-    return _consuming(INSTRUMENTS, system, ", ".join(dict.fromkeys(queues)), deliveries)
+    return _consuming(instruments, system, ", ".join(dict.fromkeys(queues)), deliveries)
 
 
 @contextmanager
@@ -105,7 +107,7 @@ def _delivery_attributes(delivery: Delivery) -> dict[str, Any]:
 def observe_decision(queue: str, delivery: Delivery, decision: Decision) -> None:
     """Count a retry or a dead letter (once per failed handler, or once with no handler
     when none ran) and add the decision to the current span as an event."""
-    ins = INSTRUMENTS
+    ins = configured()
     if ins is None:
         return
     from opentelemetry import trace
@@ -148,9 +150,10 @@ def traced_publish(
 ) -> AbstractContextManager[None]:
     """A producer span around one publish; its context goes into ``headers`` (a
     ``traceparent`` already there is kept: the caller's explicit context wins)."""
-    if INSTRUMENTS is None:
+    instruments = configured()
+    if instruments is None or not tracing():
         return _NULL
-    return _publishing(INSTRUMENTS, system, destination, message_id, headers)
+    return _publishing(instruments, system, destination, message_id, headers)
 
 
 @contextmanager

@@ -1,9 +1,12 @@
-"""The OpenTelemetry API, when it is installed: the inbox's tracer and instruments.
+"""The OpenTelemetry API, when it is installed: the inbox's tracer and instruments, and
+whether an SDK is configured.
 
-:data:`INSTRUMENTS` is None without ``opentelemetry-api``: every hook checks it first and
-returns, so an inbox without the ``otel`` extra pays one comparison per hook. With the API
-but no SDK configured, the instruments are the API's proxies, which do nothing until an SDK
-is set (then they forward to it, even if the SDK is configured after ``import inbox``).
+:data:`INSTRUMENTS` is None without ``opentelemetry-api``. With the API, the instruments are
+the API's proxies, made at import; they forward to an SDK once one is set, even after
+``import inbox``. Until then every hook returns at once: :func:`tracing` and
+:func:`metering` say whether a tracer or meter provider has been set, and recording through
+the proxies before that (building attributes, no-op spans, extracting contexts) would cost
+microseconds per message for nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram
     from opentelemetry.trace import Tracer
 
-__all__ = ["INSTRUMENTS", "Instruments"]
+__all__ = ["INSTRUMENTS", "Instruments", "configured", "metering", "tracing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +93,56 @@ def _make() -> Instruments | None:
 
 INSTRUMENTS: Instruments | None = _make()
 """None when ``opentelemetry-api`` is not installed."""
+
+
+_UNKNOWN = object()
+
+
+class _Providers:
+    """Whether a tracer and a meter provider have been set. OpenTelemetry sets each at most
+    once and never unsets it, so a True is kept and only a False is looked at again."""
+
+    __slots__ = ("_metrics_api", "_trace_api", "metrics", "traces")
+
+    def __init__(self) -> None:
+        self.traces = self.metrics = False
+        self._trace_api: object = None
+        self._metrics_api: object = None
+        if INSTRUMENTS is not None:
+            from opentelemetry import trace
+            from opentelemetry.metrics import _internal
+
+            self._trace_api, self._metrics_api = trace, _internal
+
+    # The API's own proxies forward only once these globals are set: the one internal name
+    # of each relied on. Were one renamed, every hook would record, which is still correct.
+    def tracing(self) -> bool:
+        if not self.traces and self._trace_api is not None:
+            self.traces = getattr(self._trace_api, "_TRACER_PROVIDER", _UNKNOWN) is not None
+        return self.traces
+
+    def metering(self) -> bool:
+        if not self.metrics and self._metrics_api is not None:
+            self.metrics = getattr(self._metrics_api, "_METER_PROVIDER", _UNKNOWN) is not None
+        return self.metrics
+
+
+_PROVIDERS = _Providers()
+
+
+def tracing() -> bool:
+    """An OpenTelemetry tracer provider has been set (an SDK records spans)."""
+    return _PROVIDERS.traces or _PROVIDERS.tracing()
+
+
+def metering() -> bool:
+    """An OpenTelemetry meter provider has been set (an SDK records metrics)."""
+    return _PROVIDERS.metrics or _PROVIDERS.metering()
+
+
+def configured() -> Instruments | None:
+    """The instruments when the API is installed and a tracer or meter provider is set;
+    None otherwise: then there is nothing to record."""
+    if INSTRUMENTS is None or not (tracing() or metering()):
+        return None
+    return INSTRUMENTS

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from inbox.telemetry._api import INSTRUMENTS
+from inbox.telemetry._api import INSTRUMENTS, tracing
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -26,8 +26,9 @@ def extract_context(headers: Mapping[str, Any] | None) -> Context | None:
 
 def inject_context(headers: MutableMapping[str, Any]) -> None:
     """Write the current trace context into ``headers`` (``traceparent``, ``tracestate``),
-    keeping any value already there: a caller's explicit context wins."""
-    if INSTRUMENTS is None:
+    keeping any value already there: a caller's explicit context wins. Nothing without
+    OpenTelemetry or before a tracer provider is set."""
+    if INSTRUMENTS is None or not tracing():
         return
     from opentelemetry import propagate
 

@@ -1,8 +1,9 @@
 """What the core records: each handler's outcome, time and span, claim times, message age.
 
 :func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._plan.Settlement`
-feeds with outcomes as they come in; :data:`timed_claim` times the claim statement. Both are
-None without OpenTelemetry, so the core skips them for the cost of one comparison.
+feeds with outcomes as they come in; :data:`timed_claim` times the claim statement. Without
+OpenTelemetry both are None, and until an SDK is configured :func:`watch` returns None and
+:data:`timed_claim` only calls the claim: the core pays a comparison or a call.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from inbox.result import Outcome
 from inbox.telemetry import _names as n
-from inbox.telemetry._api import INSTRUMENTS, Instruments
+from inbox.telemetry._api import INSTRUMENTS, Instruments, configured, metering, tracing
 from inbox.telemetry._context import extract_context
 
 if TYPE_CHECKING:
@@ -47,7 +48,17 @@ class MessageWatch:
     times the handlers nobody reported, as a batch commits them: by the whole settlement.
     """
 
-    __slots__ = ("_attributes", "_instruments", "_mark", "_message", "_parent", "_start", "_timed")
+    __slots__ = (
+        "_attributes",
+        "_instruments",
+        "_mark",
+        "_message",
+        "_metrics",
+        "_parent",
+        "_start",
+        "_timed",
+        "_traces",
+    )
 
     def __init__(self, instruments: Instruments, message: Message) -> None:
         self._instruments = instruments
@@ -56,6 +67,8 @@ class MessageWatch:
         self._start = self._mark = (time.perf_counter(), time.time_ns())
         self._timed: set[str] = set()
         self._parent: Context | None = None
+        self._metrics = metering()
+        self._traces = tracing()
 
     def done(self, handler: str, outcome: Outcome) -> None:
         """``handler`` committed (PROCESSED) or was a duplicate, just now."""
@@ -69,16 +82,18 @@ class MessageWatch:
         """The message's outcomes are final: count each once; time the untimed ones."""
         ins = self._instruments
         for handler, outcome in outcomes.items():
-            attributes = {**self._attributes, n.HANDLER: handler}
-            if outcome is Outcome.PROCESSED:
-                ins.processed.add(1, attributes)
-            elif outcome is Outcome.DUPLICATE:
-                ins.duplicates.add(1, attributes)
+            if self._metrics:
+                attributes = {**self._attributes, n.HANDLER: handler}
+                if outcome is Outcome.PROCESSED:
+                    ins.processed.add(1, attributes)
+                elif outcome is Outcome.DUPLICATE:
+                    ins.duplicates.add(1, attributes)
             if handler not in self._timed:
                 self._finish(handler, outcome.value, None, self._start)
         for handler, error in failures.items():
-            attributes = {**self._attributes, n.HANDLER: handler, n.ERROR_TYPE: _kind(error)}
-            ins.failures.add(1, attributes)
+            if self._metrics:
+                attributes = {**self._attributes, n.HANDLER: handler, n.ERROR_TYPE: _kind(error)}
+                ins.failures.add(1, attributes)
             if handler not in self._timed:
                 self._finish(handler, FAILED, error, self._start)
 
@@ -87,14 +102,15 @@ class MessageWatch:
     ) -> None:
         now = (time.perf_counter(), time.time_ns())
         ins = self._instruments
-        attributes = {**self._attributes, n.HANDLER: handler, n.OUTCOME: outcome}
-        ins.handler_duration.record(now[0] - since[0], attributes)
-        if outcome == Outcome.PROCESSED.value:
+        if self._metrics:
+            attributes = {**self._attributes, n.HANDLER: handler, n.OUTCOME: outcome}
+            ins.handler_duration.record(now[0] - since[0], attributes)
             made = message_time(self._message.id)
-            if made is not None:
+            if made is not None and outcome == Outcome.PROCESSED.value:
                 age = max(0.0, now[1] / 1e9 - made)
                 ins.message_age.record(age, {**self._attributes, n.HANDLER: handler})
-        self._span(handler, outcome, error, since[1], now[1])
+        if self._traces:
+            self._span(handler, outcome, error, since[1], now[1])
         self._timed.add(handler)
         self._mark = now
 
@@ -137,14 +153,16 @@ def _kind(error: BaseException) -> str:
 
 
 def watch(message: Message) -> MessageWatch | None:
-    """A watch for ``message``'s handler runs; None without OpenTelemetry."""
-    if INSTRUMENTS is None:
+    """A watch for ``message``'s handler runs; None without OpenTelemetry or an SDK."""
+    instruments = configured()
+    if instruments is None:
         return None
-    return MessageWatch(INSTRUMENTS, message)
+    return MessageWatch(instruments, message)
 
 
 def _timed_claim(handler: str, claim: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    assert INSTRUMENTS is not None
+    if INSTRUMENTS is None or not metering():
+        return claim(*args, **kwargs)
     started = time.perf_counter()
     try:
         return claim(*args, **kwargs)
@@ -153,5 +171,5 @@ def _timed_claim(handler: str, claim: Callable[P, T], *args: P.args, **kwargs: P
 
 
 timed_claim = None if INSTRUMENTS is None else _timed_claim
-"""``timed_claim(handler, claim, *args)`` runs ``claim(*args)`` and records its duration;
-None without OpenTelemetry (call the claim directly then)."""
+"""``timed_claim(handler, claim, *args)`` runs ``claim(*args)`` and records its duration
+(once a meter provider is set); None without OpenTelemetry (call the claim directly then)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inbox.telemetry import _names as n
-from inbox.telemetry._api import INSTRUMENTS
+from inbox.telemetry._api import INSTRUMENTS, metering
 
 __all__ = ["record_effect", "record_outbox"]
 
@@ -11,7 +11,7 @@ __all__ = ["record_effect", "record_outbox"]
 def record_effect(outcome: str, handler: str, step: str) -> None:
     """Count one effect of ``handler`` at ``step`` that ended with ``outcome`` (for
     example ``"done"``, ``"skipped"``, ``"failed"``): ``inbox.effects``."""
-    if INSTRUMENTS is None:
+    if INSTRUMENTS is None or not metering():
         return
     INSTRUMENTS.effects.add(1, {n.OUTCOME: outcome, n.HANDLER: handler, n.STEP: step})
 
@@ -19,7 +19,7 @@ def record_effect(outcome: str, handler: str, step: str) -> None:
 def record_outbox(*, sent: int = 0, refused: int = 0, destination: str = "") -> None:
     """Count outbox rows the relay published (``sent``) and rows the broker refused
     (``refused``): ``inbox.outbox.sent``, ``inbox.outbox.refused``."""
-    if INSTRUMENTS is None:
+    if INSTRUMENTS is None or not metering():
         return
     attributes = {n.DESTINATION: destination}
     if sent:

@@ -18,7 +18,7 @@ from sqlalchemy.pool import NullPool
 
 from inbox.schema import metadata as inbox_metadata
 
-__all__ = ["DATABASE_URL_ENV", "ThrowawayDatabase", "throwaway_database"]
+__all__ = ["DATABASE_URL_ENV", "ThrowawayDatabase", "server_url_of", "throwaway_database"]
 
 DATABASE_URL_ENV: Final = "INBOX_TESTING_DATABASE_URL"
 """The environment variable naming the server the fixtures create their databases on."""
@@ -34,6 +34,9 @@ class ThrowawayDatabase:
     url: str
     engine: Engine
 
+    def __repr__(self) -> str:
+        return f"ThrowawayDatabase({self.engine.url!r})"  # the engine's URL hides the password
+
     @property
     def sessions(self) -> sessionmaker[Session]:
         """A session factory on :attr:`engine`, what ``Inbox(...)`` takes."""
@@ -42,7 +45,7 @@ class ThrowawayDatabase:
 
 @contextmanager
 def throwaway_database(
-    server_url: str | None, directory: Path, metadata: Sequence[MetaData] = ()
+    server_url: str | URL | None, directory: Path, metadata: Sequence[MetaData] = ()
 ) -> Iterator[ThrowawayDatabase]:
     """A fresh database with the inbox tables and every table of ``metadata`` created:
     ``inbox.db`` in ``directory`` without ``server_url``, else a new schema (PostgreSQL) or
@@ -52,7 +55,7 @@ def throwaway_database(
         with _created(url, metadata) as database:
             yield database
         return
-    base = _server_url(server_url)
+    base = server_url_of(server_url)
     name = f"inbox_test_{uuid.uuid4().hex[:16]}"
     postgres = base.get_backend_name() == "postgresql"
     admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
@@ -66,7 +69,7 @@ def throwaway_database(
         raise RuntimeError(
             f"cannot create a throwaway database on {where} ({DATABASE_URL_ENV} or "
             f"--inbox-database-url): {type(exc).__name__}: {str(exc).splitlines()[0]}"
-        ) from exc
+        ) from None  # the driver's traceback would show the password it was given
     if postgres:
         isolated = base.update_query_dict({"options": f"-csearch_path={name}"})
         drop = f"DROP SCHEMA {quoted} CASCADE"
@@ -82,16 +85,23 @@ def throwaway_database(
         admin.dispose()
 
 
-def _server_url(server_url: str) -> URL:
-    try:
-        url = make_url(server_url)
-    except Exception as exc:
-        raise ValueError(f"{DATABASE_URL_ENV}: not a database URL ({exc})") from None
+def server_url_of(server_url: str | URL) -> URL:
+    """``server_url`` parsed (a URL's repr hides its password, in tracebacks too);
+    ValueError unless it names a PostgreSQL, MariaDB or MySQL server."""
+    url = server_url if isinstance(server_url, URL) else _parsed(server_url)
     if url.get_backend_name() not in _SERVERS:
         raise ValueError(
             f"{DATABASE_URL_ENV}: the fixtures create databases on {', '.join(_SERVERS)} "
             f"servers (SQLite is the default without a URL), got {url.get_backend_name()!r}"
         )
+    return url
+
+
+def _parsed(server_url: str) -> URL:
+    try:
+        url = make_url(server_url)
+    except Exception as exc:
+        raise ValueError(f"{DATABASE_URL_ENV}: not a database URL ({exc})") from None
     return url
 
 

@@ -22,6 +22,7 @@ import pytest
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine, MetaData
+    from sqlalchemy.engine import URL
     from sqlalchemy.orm import Session, sessionmaker
 
     from inbox.core import Inbox
@@ -46,10 +47,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def inbox_database_url(pytestconfig: pytest.Config) -> str | None:
-    """The server URL the throwaway databases are created on; None for SQLite files."""
+def inbox_database_url(pytestconfig: pytest.Config) -> URL | None:
+    """The server URL the throwaway databases are created on (a SQLAlchemy ``URL``, whose
+    repr hides the password); None for SQLite files."""
     option: str | None = pytestconfig.getoption("inbox_database_url")
-    return option or os.environ.get(_ENV) or None
+    given = option or os.environ.get(_ENV)
+    if not given:
+        return None
+    from inbox.testing._databases import server_url_of
+
+    return server_url_of(given)
 
 
 @pytest.fixture
@@ -61,7 +68,7 @@ def inbox_app_metadata() -> MetaData | Sequence[MetaData]:
 
 @pytest.fixture
 def inbox_database(
-    inbox_database_url: str | None,
+    inbox_database_url: URL | None,
     inbox_app_metadata: MetaData | Sequence[MetaData],
     tmp_path: Path,
 ) -> Iterator[ThrowawayDatabase]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, Engine, Select, Table, column, inspect, select, table
-from sqlalchemy.exc import DBAPIError, UnboundExecutionError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, UnboundExecutionError
 
 from inbox.errors import InboxError
 from inbox.schema import inbox_effect
@@ -50,6 +50,17 @@ _UPGRADE: Final = {
     INBOX_VERSION_TABLE: "alembic upgrade head",
     APP_VERSION_TABLE: "alembic upgrade heads",
 }
+# Connection exceptions (08…); the server shutting down, crashed or starting (57P…).
+_PG_UNREACHABLE: Final = ("08", "57P")
+_PG_NOT_READY: Final = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "too many clients",
+)
+# Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),
+# shutting down (1053).
+_MYSQL_UNREACHABLE: Final = frozenset({1040, 1053, 2002, 2003, 2006, 2013})
 _CREATE_HINT: Final = (
     "run the inbox migrations (`alembic upgrade heads`, docs/migrations.md) or "
     "inbox.schema.metadata.create_all(engine)"
@@ -143,9 +154,26 @@ def inbox_engine(session_factory: object, claim_clause: object) -> Engine | None
 
 
 def _unreachable(exc: DBAPIError) -> bool:
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    return isinstance(exc, OperationalError | InterfaceError)
+    """Whether ``exc`` says the server could not be reached (refused, down, starting, shutting
+    down, the connection lost), which waiting may cure; not a refused login or a missing
+    database, which it cannot."""
+    if exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    orig = exc.orig
+    code = (getattr(orig, "args", None) or (None,))[0]
+    if isinstance(code, int) and not isinstance(code, bool):  # MySQL/MariaDB error numbers
+        return code in _MYSQL_UNREACHABLE
+    if hasattr(orig, "sqlite_errorcode"):
+        return False  # a file that cannot be opened stays so
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is not None:
+        return str(sqlstate).startswith(_PG_UNREACHABLE)
+    # psycopg gives no SQLSTATE for a failed connection: a server that answered says FATAL
+    # (a refused login, a missing database: final, unless it is starting or stopping).
+    message = str(orig)
+    return "FATAL:" not in message or any(m in message for m in _PG_NOT_READY)
 
 
 def _check_revision(engine: Engine, schemas: set[str | None]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from alembic.config import Config
 from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, text
+from sqlalchemy.exc import DBAPIError
 from support.databases import Database, effects_metadata
 from support.rabbit import Rabbit
 from support.worker import TIMEOUT, WorkerProcess, wait_until, worker_command
@@ -21,9 +22,11 @@ from alembic import command
 from inbox._startup import (
     APP_VERSION_TABLE,
     SchemaNotReady,
+    _unreachable,
     check_schema,
     inbox_revisions,
     required_revision,
+    wait_for_schema,
 )
 from inbox.broker.cli import worker_main
 from inbox.schema import inbox_effect, inbox_message, metadata, outbox_message
@@ -321,3 +324,24 @@ def test_an_unreadable_version_table_falls_back_to_the_columns(pg_db: Database) 
         with pg_db.engine.begin() as connection:
             connection.execute(text(f"DROP OWNED BY {role}"))
             connection.execute(text(f"DROP ROLE {role}"))
+
+
+@pytest.mark.parametrize(
+    ("url", "waiting_helps"),
+    [
+        ("postgresql+psycopg://postgres@127.0.0.1:1/test", True),  # refused
+        ("postgresql+psycopg://postgres@127.0.0.1:5432/no_such_db", False),
+        ("mysql+pymysql://root@127.0.0.1:1/test", True),
+        ("mysql+pymysql://root@127.0.0.1:3306/no_such_db", False),
+        ("sqlite:////no/such/dir/inbox.db", False),
+    ],
+)
+def test_only_an_unreachable_server_is_waited_for(url: str, waiting_helps: bool) -> None:
+    engine = create_engine(url)
+    try:
+        with pytest.raises(DBAPIError) as raised:
+            wait_for_schema(engine, ALL_TABLES, retries=0)
+    finally:
+        engine.dispose()
+
+    assert _unreachable(raised.value) is waiting_helps

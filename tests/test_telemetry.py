@@ -14,12 +14,16 @@ import uuid
 
 import pytest
 from opentelemetry import trace
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
+from support.aio import async_engine, run
+from support.aio import record_effect as async_record_effect
 from support.databases import Database
 from support.effects import record_effect
 from support.telemetry import Sdk, sdk
 
 from inbox import HandlerFailed, Inbox, Message
+from inbox.aio import AsyncInbox
 from inbox.message import uuid7
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -245,3 +249,35 @@ def test_before_an_sdk_is_configured_nothing_is_recorded_and_after_it_everything
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "1"]
+
+
+def test_the_async_inbox_records_the_same(pg_db: Database, otel: Sdk) -> None:
+    ok, bad, message_type = names()
+
+    async def main() -> None:
+        async with async_engine(pg_db, "psycopg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+
+            @inbox.handler(message_type, name=ok)
+            async def apply(message: Message, session: AsyncSession) -> None:
+                await async_record_effect(message, session, ok)
+
+            @inbox.handler(message_type, name=bad)
+            async def refuse(message: Message, session: AsyncSession) -> None:
+                raise ValueError(SECRET)
+
+            message = Message(id=uuid7(), type=message_type, body={"ref": "r"})
+            for _ in range(2):
+                with pytest.raises(HandlerFailed):
+                    await inbox.process(message)
+
+    run(main())
+
+    assert otel.total("inbox.processed", inbox__handler=ok, inbox__message__type=message_type) == 1
+    assert otel.total("inbox.duplicates", inbox__handler=ok) == 1
+    assert otel.total("inbox.failures", inbox__handler=bad, error__type="ValueError") == 2
+    assert otel.total("inbox.claim.duration", inbox__handler=ok) == 2
+    assert [s.attributes["inbox.outcome"] for s in otel.spans(f"handler {ok}")] == [
+        "processed",
+        "duplicate",
+    ]

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -394,4 +395,31 @@ def test_readyz_names_a_broker_it_does_not_consume_from_and_healthz_a_stale_loop
         assert get(server.port, "/readyz") == (HTTPStatus.OK, "ready\n")
         assert get(server.port, "/healthz") == (HTTPStatus.OK, "ok\n")
     finally:
+        server.stop()
+
+
+def test_a_database_check_that_hangs_makes_later_probes_unready_without_waiting() -> None:
+    release = threading.Event()
+
+    def hanging() -> str | None:
+        release.wait(30)
+        return None
+
+    probe = Probe(heartbeat=time.monotonic(), consuming=True)
+    server = HealthServer(probe, "127.0.0.1", 0, database=hanging, metrics=None)
+    server.start()
+    first: list[tuple[int, str]] = []
+    waiting = threading.Thread(target=lambda: first.append(get(server.port, "/readyz")))
+    try:
+        waiting.start()
+        wait_until(server._checking.locked, "the first check to start")
+        assert get(server.port, "/readyz") == (
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            "database: the previous check has not finished (the database does not answer)\n",
+        )
+        release.set()
+        waiting.join(30)
+        assert first == [(HTTPStatus.OK, "ready\n")]
+    finally:
+        release.set()
         server.stop()

@@ -61,6 +61,7 @@ class HealthServer:
         self._database = database
         self._metrics = metrics
         self._stale_after = stale_after
+        self._checking = threading.Lock()  # one database check at a time
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -111,12 +112,22 @@ class HealthServer:
         reasons = []
         if not self._worker.consuming:
             reasons.append("broker: not consuming (connecting, or reconnecting)")
-        database = self._database()
+        database = self._database_check()
         if database is not None:
             reasons.append(f"database: {database}")
         if reasons:
             return HTTPStatus.SERVICE_UNAVAILABLE, "\n".join(reasons)
         return HTTPStatus.OK, "ready"
+
+    def _database_check(self) -> str | None:
+        # A database that does not answer can hold a check until the driver's connect
+        # timeout: later probes say so instead of piling up threads behind it.
+        if not self._checking.acquire(blocking=False):
+            return "the previous check has not finished (the database does not answer)"
+        try:
+            return self._database()
+        finally:
+            self._checking.release()
 
     @staticmethod
     def _text(status: HTTPStatus, text: str) -> tuple[HTTPStatus, bytes, str]:

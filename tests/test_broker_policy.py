@@ -131,8 +131,10 @@ def test_dead_letter_reasons_are_the_documented_header_values() -> None:
         "invalid-message",
         "unhandled-type",
         "invalid-key",
+        "invalid-body",
         "handler-failed",
         "transaction-ended",
+        "uncertain-effect",
         "copy-too-large",
     }
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from kombu.connection import Connection
@@ -13,7 +15,7 @@ from inbox._startup import inbox_engine
 from inbox.broker.relay import Relay
 from inbox.core import Inbox
 
-__all__ = ["RelayThread", "relay_for"]
+__all__ = ["RelayThread", "relay_for", "running_beside"]
 
 logger = logging.getLogger("inbox.relay")
 
@@ -54,12 +56,19 @@ class RelayThread:
         self.relay.stop()
 
     def join(self, timeout: float | None = None) -> None:
-        """Stop the relay, wait for it, close its connections; raise what made it fail."""
+        """Stop the relay and wait for it (it finishes its batch in flight); raise what
+        made it fail, if something did."""
         self.relay.stop()
         self._thread.join(timeout)
-        self.relay.close()
         if self.failure is not None:
             raise self.failure
+
+    def close(self) -> None:
+        """Stop the relay, wait for it, and close its connections."""
+        self.relay.stop()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.relay.close()
 
     def _run(self) -> None:
         try:
@@ -68,3 +77,19 @@ class RelayThread:
             logger.exception("the relay failed; stopping the worker")
             self.failure = exc
             self._worker.stop()
+
+
+@contextmanager
+def running_beside(relay: RelayThread | None, connect_retries: int) -> Iterator[None]:
+    """Prepare and start ``relay`` (if any) for the block that runs its worker; after the
+    block, stop it, wait for it, close it, and raise what made it fail."""
+    if relay is None:
+        yield
+        return
+    relay.relay.prepare(max_retries=connect_retries)
+    relay.start()
+    try:
+        yield
+        relay.join()
+    finally:
+        relay.close()

@@ -37,6 +37,7 @@ from inbox._cli import (
 from inbox._oneline import bounded
 from inbox._startup import SchemaNotReady, wait_for_schema, worker_engine, worker_tables
 from inbox.broker._health_cli import add_health_arguments, health_server
+from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
 from inbox.broker.connection import safe_uri
@@ -130,6 +131,14 @@ def _worker_parser() -> UsageParser:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="also relay the outbox table of the inbox's database to this broker (docs/outbox.md)",
+    )
+    parser.add_argument(
+        "--relay-table", default="outbox_message", help="the outbox table --relay sends from"
+    )
+    parser.add_argument(
         "--tracebacks",
         action="store_true",
         help="log tracebacks of handler failures (as at DEBUG; they may hold SQL and row data)",
@@ -211,6 +220,11 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             stats_interval=args.stats_interval,
         )
         health = health_server(args, worker, inbox)
+        relay = (
+            RelayThread(relay_for(inbox, connection, args.relay_table), worker)
+            if args.relay
+            else None
+        )
     except VersionRequested as version:
         sys.stdout.write(f"{version.line}\n")
         return EXIT_OK
@@ -230,11 +244,12 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
     except Exception as exc:  # the CLI edge: one line, never a traceback
         err.write(f"inbox-worker: error: broker {where}: {_first_line(exc)}\n")
         return EXIT_BROKER_ERROR
-    install_signal_handlers(worker)
+    install_signal_handlers(worker if relay is None else relay)
     if health is not None:
         health.start()
     try:
-        worker.run()
+        with running_beside(relay, args.connect_retries):
+            worker.run()
     except KeyboardInterrupt:
         err.write("inbox-worker: stopped at once; the in-flight message will be redelivered\n")
         return EXIT_BROKER_ERROR

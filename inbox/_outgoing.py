@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from inbox._bodies import plain_body
 from inbox._headers import check_headers
 from inbox.errors import InvalidMessage
 from inbox.message import IDEMPOTENCY_KEY_HEADER, parse_message_id, uuid7
@@ -67,8 +68,9 @@ def encode_body(body: object, content_type: str | None = None) -> EncodedBody:
 
     Without ``content_type``: ``bytes`` go out as ``application/octet-stream``, everything
     else as JSON (:class:`InvalidArgumentType`, a ``TypeError``, if it is not
-    JSON-serializable). With ``content_type``, the body must already be ``bytes`` or ``str``
-    (sent as UTF-8).
+    JSON-serializable; a dataclass or pydantic body as its JSON values, see
+    :func:`inbox._bodies.plain_body`). With ``content_type``, the body must already be
+    ``bytes`` or ``str`` (sent as UTF-8).
     """
     if content_type is not None:
         short_string("content_type", content_type)
@@ -85,7 +87,9 @@ def encode_body(body: object, content_type: str | None = None) -> EncodedBody:
     if isinstance(body, bytes | bytearray | memoryview):
         return EncodedBody(bytes(body), BINARY, "binary")
     try:
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(
+            plain_body(body), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        )
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgumentType(f"body is not JSON-serializable: {exc}") from exc
     return EncodedBody(_utf8("body", text), JSON, "utf-8")

@@ -31,13 +31,13 @@ from support.effects import record_effect
 from support.rabbit import Rabbit
 from support.worker import run_until_idle
 
-from inbox import Inbox, InvalidBody, InvalidMessage, Message, Outcome, RegistrationError
+from inbox import Inbox, InvalidBody, InvalidMessage, Message, Outbox, Outcome, RegistrationError
 from inbox._bodies import plain_body
 from inbox.aio import AsyncInbox
 from inbox.broker import DeadLetterReason, Publisher, RetryPolicy, Worker
 from inbox.broker import headers as h
 from inbox.broker._policy import DeadLetter, decide
-from inbox.schema import inbox_message
+from inbox.schema import inbox_message, outbox_message
 from inbox.schema import metadata as inbox_metadata
 
 SECRET = "4111-1111-1111-1111"  # a value that must never reach an error or a header
@@ -458,3 +458,39 @@ def test_mypy_sees_the_body_type(tmp_path: Path) -> None:
     assert lines[0] == 'note: Revealed type is "typed_sample.OrderCreated"'
     assert lines[1].startswith('error: Argument 1 has incompatible type "Callable[[Message[int]')
     assert len(lines) == 2  # bare Message is Message[Any]: no missing-type-parameter error
+
+
+def test_the_publisher_sends_a_typed_body_that_a_typed_handler_takes_back(db: Database) -> None:
+    queue = f"typed-{uuid.uuid4().hex[:8]}"
+    inbox = Inbox(db.sessions)
+    seen: list[OrderCreated] = []
+    inbox.handler("order.created", body=OrderCreated, name="typed")(
+        lambda m, s: seen.append(m.body)
+    )
+    sent = OrderCreated(
+        order_id=uuid.UUID(int=9),
+        total=decimal.Decimal("0.10"),
+        currency=Currency.USD,
+        lines=[Line("Z", 1)],
+        placed_at=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        tags=("a", "b"),
+    )
+    worker = Worker(inbox, "memory://", [queue])
+    worker.prepare()
+    with Publisher("memory://", routing_key=queue) as publisher:
+        publisher.publish("order.created", sent)
+    run_until_idle(worker, 0.5)
+
+    assert seen == [sent]
+
+
+def test_the_outbox_stores_a_typed_body_as_its_json_values(db: Database) -> None:
+    payment = PaymentTaken(payment_id=uuid.UUID(int=4), amount=3, card="c")
+    with db.sessions() as session, session.begin():
+        Outbox().publish(session, "payment.taken", payment, routing_key="payments")
+    with db.engine.connect() as connection:
+        [(body, content_type)] = connection.execute(
+            select(outbox_message.c.body, outbox_message.c.content_type)
+        ).all()
+    assert content_type == "application/json"
+    assert json.loads(body) == {"payment_id": str(uuid.UUID(int=4)), "amount": 3, "card": "c"}

@@ -17,7 +17,6 @@ from typing import Any, Self
 
 from kombu.connection import Connection
 
-from inbox._bodies import plain_body
 from inbox.broker import Publisher, RetryPolicy, Worker, WorkerStats
 from inbox.broker import headers as h
 from inbox.broker._idle import delete_queues, run_until_idle
@@ -106,12 +105,13 @@ class WorkerHarness:
         message_id: uuid.UUID | str | None = None,
         content_type: str | None = None,
     ) -> uuid.UUID:
-        """Publish a message to the harness's queue as a producer would; return its id.
-        A dataclass or pydantic body is sent as its JSON values."""
+        """Publish a message to the harness's queue with :class:`~inbox.broker.Publisher`,
+        as a producer would (a dataclass or pydantic body goes as its JSON values); return
+        its id."""
         with Publisher(MEMORY_BROKER, routing_key=self.queue) as publisher:
             return publisher.publish(
                 type,
-                plain_body(body),
+                body,
                 idempotency_key=idempotency_key,
                 headers=headers,
                 message_id=message_id,

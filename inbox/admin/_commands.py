@@ -18,7 +18,6 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "Streams",
     "Tables",
-    "dlq",
     "release",
     "show",
     "status",
@@ -127,49 +126,6 @@ def release(
         f"of {args.handler} deleted; the next delivery runs it again\n"
     )
     return EXIT_OK
-
-
-def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
-    """``inbox dlq list`` and ``inbox dlq replay``."""
-    with _dlq.open_channel(broker) as channel:
-        if args.dlq_command == "list":
-            present, letters = _dlq.peek(channel, args.queue, args.limit)
-            if args.json:
-                io.out.write(_render.as_json({"present": present, "dead_letters": letters}))
-            else:
-                io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
-                io.out.writelines(f"{_render.dead_letter_line(x)}\n" for x in letters)
-            return EXIT_OK
-        options = _dlq.ReplayOptions(
-            limit=args.limit,
-            max_replays=args.max_replays,
-            reasons=frozenset(args.reason),
-            handlers=frozenset(args.handler),
-            keep_tries=args.keep_tries,
-            dry_run=args.dry_run,
-        )
-        show_progress = not args.quiet and io.err.isatty()
-        report = _dlq.replay(
-            channel, args.queue, options, _progress(io.err) if show_progress else None
-        )
-    if show_progress:
-        io.err.write("\n")
-    if not args.quiet:
-        io.out.write(f"{_render.replay_line(report)}\n")
-        for letter in report.replayed_too_often:
-            io.out.write(
-                f"  left (replayed {letter.replays} times): {_render.dead_letter_line(letter)}\n"
-            )
-    return EXIT_OK
-
-
-def _progress(err: TextIO) -> Callable[[_dlq.ReplayReport], None]:
-    def show(report: _dlq.ReplayReport) -> None:
-        if report.examined % 100 == 0 or report.examined == report.present:
-            err.write(f"\r{report.examined}/{report.present} read, {report.replayed} replayed")
-            err.flush()
-
-    return show
 
 
 def _asked(keys: tuple[_claims.LookupKey, ...], handler: str | None) -> str:

@@ -1,21 +1,17 @@
-"""Dead letters of a worker's queue (``<queue>.dlq`` on RabbitMQ): read them without taking
-them, and replay them to their queue.
+"""Dead letters of a worker's queue (``<queue>.dlq`` on RabbitMQ): what the worker's headers
+say about them, and reading them without taking them.
 
-A replay is bounded: it takes at most the messages the dead-letter queue held when it began
-(or ``limit``), so a replayed message that fails and is dead-lettered again is never read a
-second time in the same run. Each message is copied to the queue with a confirmed publish
-and only then acked; one it does not replay is held unacked until the run ends and then
-returns to the dead-letter queue in its place. A crash at any point loses nothing: the
-broker gives unacked messages back. At most the one message in flight at the crash can be
-in both queues; the inbox skips its second delivery as a duplicate for every handler that
-committed.
+A message read and not taken is held unacked on the channel and returns to its place in the
+queue when the channel closes, also when the process dies: at every moment each message is
+in one queue. Moving them is :mod:`inbox.admin._replay`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import amqp
@@ -25,14 +21,20 @@ from inbox.broker import headers as h
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
 
 __all__ = [
+    "DROPPED_PROPERTIES",
+    "FAILURE_HEADERS",
     "REPLAYED_AT",
     "REPLAYS",
     "DeadLetter",
-    "ReplayOptions",
-    "ReplayReport",
+    "dead_letter_queue",
+    "depth",
+    "find",
+    "hold",
     "open_channel",
     "peek",
-    "replay",
+    "publish_confirmed",
+    "replays_so_far",
+    "summary_fields",
 ]
 
 REPLAYS: Final = "x-inbox-replays"
@@ -52,9 +54,9 @@ FAILURE_HEADERS: Final = (
 )
 """What a replay removes unless told to keep the tries: the worker's bookkeeping."""
 
-# Properties a replayed copy does not carry: RabbitMQ refuses a user_id other than the
-# connection's, and an expiration would let the broker drop the replayed message.
-_DROPPED_PROPERTIES: Final = ("user_id", "expiration")
+DROPPED_PROPERTIES: Final = ("user_id", "expiration")
+"""Properties a replayed copy does not carry: RabbitMQ refuses a user_id other than the
+connection's, and an expiration would let the broker drop the replayed message."""
 _CONFIRM_TIMEOUT: Final = 30.0
 _DELIVERY_COUNT: Final = "x-delivery-count"  # a quorum queue's count of returns
 _REFRESH_AT: Final = 10
@@ -74,6 +76,16 @@ class DeadLetter:
     error: str | None
     body_bytes: int
 
+    def dead_lettered(self) -> dt.datetime | None:
+        """When it was dead-lettered, if the header says so readably."""
+        if self.dead_lettered_at is None:
+            return None
+        try:
+            at = dt.datetime.fromisoformat(self.dead_lettered_at)
+        except ValueError:
+            return None
+        return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
     @classmethod
     def read(cls, message: amqp.Message) -> DeadLetter:
         """The bookkeeping of a message as ``basic_get`` returned it."""
@@ -90,32 +102,6 @@ class DeadLetter:
             _text(headers.get(h.ERROR)),
             len(message.body) if isinstance(message.body, bytes | str) else 0,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayOptions:
-    """Which dead letters a replay moves, and how."""
-
-    limit: int | None = None
-    max_replays: int = 3
-    reasons: frozenset[str] = frozenset()
-    handlers: frozenset[str] = frozenset()
-    keep_tries: bool = False
-    dry_run: bool = False
-
-
-@dataclass(slots=True)
-class ReplayReport:
-    """What a replay did: ``present`` dead letters at the start, ``examined`` of them read."""
-
-    queue: str
-    dead_letter_queue: str
-    present: int
-    examined: int = 0
-    replayed: int = 0
-    not_matching: int = 0
-    replayed_too_often: list[DeadLetter] = field(default_factory=list)
-    dry_run: bool = False
 
 
 def dead_letter_queue(queue: str) -> str:
@@ -172,48 +158,18 @@ def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadL
     return present, letters
 
 
-def replay(
-    channel: amqp.Channel,
-    queue: str,
-    options: ReplayOptions,
-    progress: Callable[[ReplayReport], None] | None = None,
-) -> ReplayReport:
-    """Move the dead letters of ``queue`` back to it, bounded to those present at the start
-    (or ``options.limit``). A replayed copy has its tries reset (the worker's failure
-    headers removed, unless ``keep_tries``) and :data:`REPLAYS` incremented. Dead letters
-    that do not match the filters, and those replayed ``max_replays`` times already, stay.
-    Broker errors propagate; everything not yet acked then stays in the dead-letter queue."""
+def find(channel: amqp.Channel, queue: str, message_id: str) -> amqp.Message | None:
+    """The first dead letter of ``queue`` with ``message_id`` among those present now, read
+    without taking it (every message read is held until the channel closes)."""
     dlq = dead_letter_queue(queue)
-    depth(channel, queue)  # the queue must exist, or every copy would be returned
-    present = depth(channel, dlq)
-    report = ReplayReport(queue, dlq, present, dry_run=options.dry_run)
-    bound = present if options.limit is None else min(present, options.limit)
-    for _ in range(bound):
+    for _ in range(depth(channel, dlq)):
         message = channel.basic_get(dlq, no_ack=False)
         if message is None:
             break
-        report.examined += 1
-        letter = DeadLetter.read(message)
-        if not _matches(letter, options):
-            report.not_matching += 1
-            hold(channel, message, dlq)
-        elif letter.replays >= options.max_replays:
-            report.replayed_too_often.append(letter)
-            hold(channel, message, dlq)
-        elif not options.dry_run:
-            _publish(
-                channel, message.body, _copy_properties(message.properties, letter, options), queue
-            )
-            # Acked only after the broker confirmed the copy: a crash before this line leaves
-            # the dead letter where it was (and maybe the copy too), never neither.
-            channel.basic_ack(message.delivery_tag)
-            report.replayed += 1
-        else:
-            report.replayed += 1
-            hold(channel, message, dlq)
-        if progress is not None:
-            progress(report)
-    return report
+        hold(channel, message, dlq)
+        if _text(message.properties.get("message_id")) == message_id:
+            return message
+    return None
 
 
 def hold(channel: amqp.Channel, message: amqp.Message, dlq: str) -> None:
@@ -229,12 +185,14 @@ def hold(channel: amqp.Channel, message: amqp.Message, dlq: str) -> None:
         properties["application_headers"] = {
             k: v for k, v in headers.items() if k != _DELIVERY_COUNT
         }
-        _publish(channel, message.body, properties, dlq)
+        publish_confirmed(channel, message.body, properties, dlq)
         channel.basic_ack(message.delivery_tag)
 
 
-def _publish(channel: amqp.Channel, body: Any, properties: Mapping[str, Any], queue: str) -> None:
-    """Publish a copy to ``queue`` and wait for the broker's confirm; an unroutable copy
+def publish_confirmed(
+    channel: amqp.Channel, body: Any, properties: Mapping[str, Any], queue: str
+) -> None:
+    """Publish a message to ``queue`` and wait for the broker's confirm; an unroutable one
     (the queue was deleted) raises the broker's NO_ROUTE."""
     channel.basic_publish_confirm(
         amqp.Message(body, **properties),
@@ -243,27 +201,6 @@ def _publish(channel: amqp.Channel, body: Any, properties: Mapping[str, Any], qu
         mandatory=True,
         confirm_timeout=_CONFIRM_TIMEOUT,
     )
-
-
-def _matches(letter: DeadLetter, options: ReplayOptions) -> bool:
-    if options.reasons and letter.reason not in options.reasons:
-        return False
-    return not options.handlers or bool(options.handlers & set(letter.failed_handlers))
-
-
-def _copy_properties(
-    properties: Mapping[str, Any], letter: DeadLetter, options: ReplayOptions
-) -> dict[str, Any]:
-    copied = {k: v for k, v in properties.items() if k not in _DROPPED_PROPERTIES}
-    headers = dict(copied.get("application_headers") or {})
-    if not options.keep_tries:
-        for name in FAILURE_HEADERS:
-            headers.pop(name, None)
-    headers[REPLAYS] = letter.replays + 1
-    headers[REPLAYED_AT] = h.now_utc()
-    copied["application_headers"] = headers
-    copied["delivery_mode"] = 2  # persistent, as the worker's copies
-    return copied
 
 
 def _text(value: object) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import json
@@ -9,12 +10,23 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import amqp
+
 from inbox._oneline import bounded
 from inbox.admin._claims import Found
-from inbox.admin._dlq import DeadLetter, ReplayReport, summary_fields
+from inbox.admin._dlq import DeadLetter, summary_fields
+from inbox.admin._replay import MoveReport
 from inbox.admin._status import StatusReport
 
-__all__ = ["as_json", "dead_letter_line", "found_lines", "replay_line", "status_lines", "when"]
+__all__ = [
+    "as_json",
+    "dead_letter_line",
+    "found_lines",
+    "message_lines",
+    "move_line",
+    "status_lines",
+    "when",
+]
 
 
 def when(value: dt.datetime | None) -> str:
@@ -101,12 +113,14 @@ def dead_letter_line(letter: DeadLetter) -> str:
     return " ".join(fields)
 
 
-def replay_line(report: ReplayReport) -> str:
-    """The summary line of a replay."""
-    verb = "would replay" if report.dry_run else "replayed"
+def move_line(report: MoveReport, command: str) -> str:
+    """The summary line of a replay or a purge."""
+    done = {"replay": "replayed", "purge": "purged"}[command]
+    verb = f"would {command}" if report.dry_run else done
+    target = f" to {report.queue}" if command == "replay" else ""
     line = (
-        f"{verb} {report.replayed} of {report.present} dead letters from "
-        f"{report.dead_letter_queue} to {report.queue}"
+        f"{verb} {report.moved} of {report.present} dead letters from "
+        f"{report.dead_letter_queue}{target}"
     )
     left = []
     if report.not_matching:
@@ -117,3 +131,25 @@ def replay_line(report: ReplayReport) -> str:
     if unread > 0:
         left.append(f"{unread} not read (--limit, or taken meanwhile)")
     return line + (f"; left: {', '.join(left)}" if left else "")
+
+
+def message_lines(message: amqp.Message, max_body: int) -> Iterator[str]:
+    """One dead letter in full: its properties, its headers, and its body (text, or base64
+    when it is not UTF-8), cut after ``max_body`` bytes."""
+    properties = {k: v for k, v in message.properties.items() if k != "application_headers"}
+    for name, value in sorted(properties.items()):
+        yield f"{name}: {bounded(str(value), 1000)}"
+    headers = message.properties.get("application_headers") or {}
+    for name, value in sorted(headers.items()):
+        yield f"header {name}: {bounded(str(value), 1000)}"
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    shown = body[:max_body]
+    try:
+        text = shown.decode("utf-8")
+        form = "text"
+    except UnicodeDecodeError:
+        text = base64.b64encode(shown).decode("ascii")
+        form = "base64"
+    cut = f", first {len(shown)} shown" if len(shown) < len(body) else ""
+    yield f"body ({len(body)} bytes{cut}, {form}):"
+    yield text

@@ -1,9 +1,10 @@
 """``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
-inbox's tables; ``dlq list`` and ``dlq replay`` work on a worker's dead-letter queue;
+inbox's tables; ``dlq list|show|replay|purge`` work on a worker's dead-letter queue;
 ``cleanup`` is ``inbox-cleanup``.
 
-Exit codes: 0 success; 1 a database or broker error; 2 bad usage (or ``release`` without
-``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``).
+Exit codes: 0 success; 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge``
+without ``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``,
+``dlq show``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from inbox._cli import (
     whole_number,
 )
 from inbox.admin import _claims, _commands
+from inbox.admin._dlq_commands import dlq, duration
 from inbox.retention.cli import cleanup_main
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
@@ -84,26 +86,28 @@ def _parser() -> UsageParser:
     _broker_options(listing)
     listing.add_argument("--limit", type=whole_number(1, 10_000), default=20)
     listing.add_argument("--json", action="store_true", help="one JSON document")
+    show_one = dlq_commands.add_parser("show", help="one dead letter in full, left in place")
+    _broker_options(show_one)
+    show_one.add_argument("message_id", metavar="MESSAGE-ID")
+    show_one.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
     replay = dlq_commands.add_parser(
         "replay", help="move the dead letters present now back to QUEUE, tries reset"
     )
-    _broker_options(replay)
-    replay.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    _move_options(replay)
     replay.add_argument(
         "--max-replays",
         type=whole_number(1),
         default=3,
         help="leave a message replayed N times already where it is (default 3)",
     )
-    replay.add_argument("--reason", action="append", default=[], help="only this reason (repeat)")
-    replay.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
     replay.add_argument(
         "--keep-tries",
         action="store_true",
         help="keep x-inbox-tries: one more failure dead-letters",
     )
-    replay.add_argument("--dry-run", action="store_true", help="count, move nothing")
-    replay.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
+    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
+    _move_options(purge)
+    purge.add_argument("--yes", action="store_true", help="do not ask")
 
     commands.add_parser("cleanup", help="inbox-cleanup (see inbox cleanup --help)", add_help=False)
     return parser
@@ -127,6 +131,18 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ID-OR-KEY is a business key even if it looks like a UUID",
     )
+
+
+def _move_options(parser: argparse.ArgumentParser) -> None:
+    _broker_options(parser)
+    parser.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    parser.add_argument("--reason", action="append", default=[], help="only this reason (repeat)")
+    parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
+    parser.add_argument(
+        "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
 
 
 def _broker_options(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +197,7 @@ def admin_main(
     try:
         if url is None:
             assert broker is not None
-            return _commands.dlq(args, broker, io)
+            return dlq(args, broker, io)
         try:
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)

@@ -1,0 +1,105 @@
+"""``inbox dlq list|show|replay|purge``: from parsed arguments to printed lines and an exit
+code, on one channel to the broker."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+from collections.abc import Callable
+from typing import TextIO
+
+from inbox._cli import EXIT_OK, EXIT_USAGE
+from inbox.admin import _dlq, _render, _replay
+from inbox.admin._commands import EXIT_NOT_FOUND, Streams
+
+__all__ = ["dlq", "duration"]
+
+_DURATION = re.compile(r"(\d+)([smhd])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def duration(text: str) -> dt.timedelta:
+    """An argparse ``type``: ``90s``, ``30m``, ``12h`` or ``7d``."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"expected a duration like 30m, 12h or 7d, got {text!r}")
+    return dt.timedelta(**{_UNITS[found.group(2)]: int(found.group(1))})
+
+
+def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
+    """Run one ``inbox dlq`` subcommand; broker errors propagate."""
+    with _dlq.open_channel(broker) as channel:
+        if args.dlq_command == "list":
+            present, letters = _dlq.peek(channel, args.queue, args.limit)
+            if args.json:
+                io.out.write(_render.as_json({"present": present, "dead_letters": letters}))
+            else:
+                io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
+                io.out.writelines(f"{_render.dead_letter_line(x)}\n" for x in letters)
+            return EXIT_OK
+        if args.dlq_command == "show":
+            message = _dlq.find(channel, args.queue, args.message_id)
+            if message is None:
+                io.out.write(
+                    f"no dead letter {args.message_id} in {_dlq.dead_letter_queue(args.queue)}\n"
+                )
+                return EXIT_NOT_FOUND
+            io.out.writelines(f"{line}\n" for line in _render.message_lines(message, args.max_body))
+            return EXIT_OK
+        filters = _replay.Filters(frozenset(args.reason), frozenset(args.handler), args.older_than)
+        if args.dlq_command == "purge" and not args.dry_run and not _confirmed(args, io):
+            return EXIT_USAGE
+        progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
+        if args.dlq_command == "replay":
+            report = _replay.replay(
+                channel,
+                args.queue,
+                filters,
+                limit=args.limit,
+                max_replays=args.max_replays,
+                keep_tries=args.keep_tries,
+                dry_run=args.dry_run,
+                progress=progress,
+            )
+        else:
+            report = _replay.purge(
+                channel,
+                args.queue,
+                filters,
+                limit=args.limit,
+                dry_run=args.dry_run,
+                progress=progress,
+            )
+    if progress is not None:
+        io.err.write("\n")
+    if not args.quiet:
+        io.out.write(f"{_render.move_line(report, args.dlq_command)}\n")
+        for letter in report.replayed_too_often:
+            io.out.write(
+                f"  left (replayed {letter.replays} times): {_render.dead_letter_line(letter)}\n"
+            )
+    return EXIT_OK
+
+
+def _confirmed(args: argparse.Namespace, io: Streams) -> bool:
+    if args.yes:
+        return True
+    if io.confirm is None:
+        io.err.write("inbox: error: refusing to purge without --yes (no terminal to ask on)\n")
+        return False
+    if io.confirm(
+        f"delete the matching dead letters of {_dlq.dead_letter_queue(args.queue)} for good?"
+    ):
+        return True
+    io.err.write("inbox: nothing purged\n")
+    return False
+
+
+def _progress(err: TextIO) -> Callable[[_replay.MoveReport], None]:
+    def show(report: _replay.MoveReport) -> None:
+        if report.examined % 100 == 0 or report.examined == report.present:
+            err.write(f"\r{report.examined}/{report.present} read, {report.moved} taken")
+            err.flush()
+
+    return show

@@ -221,10 +221,10 @@ class InboxEdge:
     async def _forward(self, msg: StreamMessage[Any], target: str, extra: dict[str, Any]) -> None:
         """The confirmed copy, then the ack; a refused copy is tried again after a backoff
         while the delivery is held (the handlers do not run again)."""
-        await self._prepare()
         refusals = 0
         while True:
             try:
+                await self._prepare()
                 await self.transport.copy(msg, target, extra)
             except Refused as refused:
                 if not self.transport.settleable(msg):
@@ -252,7 +252,10 @@ class InboxEdge:
             return
         async with self._prepare_lock:
             if not self._prepared:
-                await self.transport.prepare()
+                try:
+                    await self.transport.prepare()
+                except Exception as exc:  # a queue the broker would not declare: no copy yet
+                    raise Refused(f"declaring the queues: {type(exc).__name__}: {exc}") from exc
                 self._prepared = True
 
     async def _ack(self, msg: StreamMessage[Any]) -> None:

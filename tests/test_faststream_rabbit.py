@@ -163,6 +163,38 @@ def test_a_foreign_producer_s_duplicates_bad_ids_and_poison_end_once_or_in_the_d
     assert all(c == (0, 0) for c in counts.values()), counts
 
 
+def test_a_failed_try_lands_in_its_retry_queue_with_the_failure_headers(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue("retried")
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        await record_effect(message, session, HANDLER)  # rolled back with the failure
+        raise ValueError("bad order")
+
+    item = op("r") | {"headers": {"trace": "abc"}}
+
+    async def scenario(subscription: InboxSubscription) -> None:
+        await asyncio.to_thread(send, rabbit, queue, [item])
+        await until(lambda: subscription.stats.acked == 1, "the first try's copy confirmed")
+
+    policy = RetryPolicy(delays=(30.0,), max_tries=2)  # the copy waits in its queue meanwhile
+    run(consume(pg_db, rabbit, queue, handler, scenario, retry=policy))
+
+    assert pg_db.effect_counts() == {}
+    (copy,) = rabbit.take_all(f"{queue}.retry.30000ms")
+    headers = copy.headers
+    assert headers["x-inbox-tries"] == 1
+    assert headers["x-inbox-error"] == f"{HANDLER}: ValueError: bad order"
+    assert headers["x-inbox-failed-handlers"] == HANDLER
+    assert headers["x-inbox-first-failure"] == headers["x-inbox-last-failure"]
+    assert headers["trace"] == "abc"  # the producer's own headers travel with it
+    assert copy.properties["message_id"] == item["message_id"]
+    assert copy.properties["type"] == "op"
+    assert copy.body == b'{"ref": "r"}'
+    assert rabbit.depth(queue) == 0
+
+
 def test_a_copy_with_nowhere_to_go_is_refused_and_the_delivery_stays_unacked(
     pg_db: Database, rabbit: Rabbit
 ) -> None:

@@ -52,7 +52,10 @@ def body_parser(body_type: object) -> BodyParser:
 
         def parse_dataclass(body: object) -> object:
             problems: Problems = []
-            value = parse(body, problems)
+            try:
+                value = parse(body, problems)
+            except RecursionError:  # a recursive dataclass and a body nested past the stack
+                raise BodyRejected("body: nested too deeply to check") from None
             if problems:
                 raise BodyRejected(_reason(problems))
             return value

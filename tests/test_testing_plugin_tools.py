@@ -147,6 +147,8 @@ def test_bad_arguments_are_refused(inbox_sessions):
         assert_idempotent(inbox, paid(), tables=["payments"], ignore_columns=["recorded_at"])
     with pytest.raises(ValueError, match="non-empty list"):
         assert_idempotent(inbox, paid(), tables="payments")
+    with pytest.raises(ValueError, match="no handler of this inbox takes messages of type 'x'"):
+        assert_idempotent(inbox, Message.new("x", {}), tables=["payments"])
     with pytest.raises(TypeError, match="AsyncInbox is not supported yet"):
         assert_idempotent(AsyncInbox.__new__(AsyncInbox), paid(), tables=["payments"])
 

@@ -286,6 +286,12 @@ def test_recursive_dataclasses_validate_at_every_depth() -> None:
 
     assert seen == [Tree("a", [Tree("b")])]
 
+    deep: dict[str, Any] = {"name": "leaf"}
+    for _ in range(5000):  # deeper than the stack: refused as a body, not a crash
+        deep = {"name": "n", "children": [deep]}
+    with pytest.raises(InvalidBody, match=r"body: nested too deeply to check"):
+        inbox.process(Message.new("tree", deep))
+
 
 def test_a_batch_rejects_only_the_message_whose_body_does_not_validate(db: Database) -> None:
     inbox = Inbox(db.sessions)

@@ -28,16 +28,18 @@ class Snapshot:
 
 
 class Database:
-    """The tables of one engine's database (its default schema), reflected once."""
+    """The tables of one engine's database (its default schema and ``schemas``), reflected
+    once; a table is known by its key, ``name`` or ``schema.name``."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, schemas: Iterable[str | None] = (None,)) -> None:
         self.engine = engine
         self.metadata = MetaData()
-        self.metadata.reflect(engine)
+        for schema in dict.fromkeys(schemas):
+            self.metadata.reflect(engine, schema=schema)
         self._serial: dict[str, list[str]] = {}
         with engine.connect() as connection:
             for table in self.metadata.sorted_tables:
-                self._serial[table.name] = _counted_columns(connection, table)
+                self._serial[table.key] = _counted_columns(connection, table)
 
     def table(self, name: str) -> Table:
         """The reflected table ``name``; ValueError naming the tables there are."""
@@ -52,7 +54,7 @@ class Database:
         skip = set(ignored)
         columns = [c.name for c in self.table(name).columns if c.name not in skip]
         return columns, Counter(
-            tuple(_hashable(row[c]) for c in columns) for row in snapshot.rows[name]
+            tuple(_hashable(row[c]) for c in columns) for row in snapshot.rows[self.table(name).key]
         )
 
     def capture(self) -> Snapshot:
@@ -60,7 +62,7 @@ class Database:
         with self.engine.connect() as connection:
             return Snapshot(
                 {
-                    table.name: [dict(row._mapping) for row in connection.execute(select(table))]
+                    table.key: [dict(row._mapping) for row in connection.execute(select(table))]
                     for table in self.metadata.sorted_tables
                 }
             )
@@ -72,8 +74,8 @@ class Database:
             for table in reversed(tables):
                 connection.execute(delete(table))
             for table in tables:
-                if snapshot.rows[table.name]:
-                    connection.execute(insert(table), snapshot.rows[table.name])
+                if snapshot.rows[table.key]:
+                    connection.execute(insert(table), snapshot.rows[table.key])
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -85,7 +87,7 @@ class Database:
 
     def _reset_counter(self, table: Table) -> None:
         dialect = self.engine.dialect.name
-        columns = self._serial[table.name]
+        columns = self._serial[table.key]
         if not columns:
             return
         with self.engine.begin() as connection:

@@ -59,7 +59,11 @@ def assert_idempotent(
         )
     if not isinstance(message, Message):
         raise TypeError(f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}")
-    database = Database(_engine_of(inbox))
+    if not inbox._registry.for_type(message.type):
+        raise ValueError(
+            f"no handler of this inbox takes messages of type {message.type!r}: nothing to check"
+        )
+    database = Database(_engine_of(inbox), (None, inbox.table.schema))
     compared = _compared(database, tables, ignore_columns)
     stores = [Database(e) for e in _other_engines(inbox, database.engine)]
     at_call = [d.capture() for d in (database, *stores)]
@@ -120,8 +124,8 @@ def _compared(
     """Table name → the columns left out of its comparison; ValueError for a bad name."""
     if isinstance(tables, str) or not tables:
         raise ValueError("tables= takes a non-empty list of table names or Table objects")
-    names = [t.name if isinstance(t, Table) else t for t in tables]
-    compared: dict[str, list[str]] = {database.table(name).name: [] for name in names}
+    names = [t.key if isinstance(t, Table) else t for t in tables]
+    compared: dict[str, list[str]] = {database.table(name).key: [] for name in names}
     for column in ignore_columns:
         table, dot, name = column.rpartition(".")
         if not dot or table not in compared:

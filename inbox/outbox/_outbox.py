@@ -16,6 +16,7 @@ from inbox.outbox._mapping import record_class, resolve_outbox_table
 from inbox.outbox._row import encoded_headers
 from inbox.outbox._session import joined_session
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
+from inbox.telemetry import inject_context
 
 __all__ = ["Outbox"]
 
@@ -62,7 +63,9 @@ class Outbox:
         The arguments follow :meth:`inbox.broker.Publisher.publish`: ``body`` goes out as
         JSON, or as ``application/octet-stream`` when it is ``bytes``; with
         ``content_type`` it must be ``bytes`` or ``str``. ``idempotency_key`` becomes the
-        ``idempotency-key`` header (a consumer's inbox deduplicates on it). ``message_id``
+        ``idempotency-key`` header (a consumer's inbox deduplicates on it). With
+        OpenTelemetry, the current trace context is stored in the headers (``traceparent``;
+        one given in ``headers`` wins). ``message_id``
         (default: a new UUIDv7) must not be in the outbox already: the flush would fail with
         an ``IntegrityError``.
 
@@ -88,6 +91,9 @@ class Outbox:
             message_id=message_id,
             content_type=content_type,
         )
+        # The publishing transaction's trace continues in the consumer (a traceparent
+        # given in ``headers`` wins); nothing without OpenTelemetry.
+        inject_context(message.headers)
         stored_headers = encoded_headers(message.headers)
         target = joined_session(session, self._record.__mapper__)
         now = dt.datetime.now(dt.UTC)

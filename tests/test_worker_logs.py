@@ -4,6 +4,7 @@ parameter (a customer's name and address)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,7 +20,9 @@ from inbox.broker import headers as h
 RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
 
-def start_worker(db: Database, rabbit: Rabbit, queue: str, log_path: Path) -> WorkerProcess:
+def start_worker(
+    db: Database, rabbit: Rabbit, queue: str, log_path: Path, *extra: str
+) -> WorkerProcess:
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
@@ -35,6 +38,7 @@ def start_worker(db: Database, rabbit: Rabbit, queue: str, log_path: Path) -> Wo
                 "0.05",
                 "--stats-interval",
                 "3600",
+                *extra,
             ],
             cwd=TESTS_DIR,
             env={**os.environ, "ADMIN_APP_DATABASE_URL": db.url},
@@ -77,3 +81,25 @@ def test_a_database_error_is_one_line_without_sql_or_row_data(
     assert "INSERT" not in error
     assert all("Zelda" not in str(value) for value in dead.headers.values())
     assert db.effect_counts() == {}
+
+
+def test_json_log_records_are_one_object_per_line(
+    pg_db: Database, rabbit: Rabbit, tmp_path: Path
+) -> None:
+    queue = rabbit.queue()
+    declare(rabbit, queue)
+    publish(rabbit, queue, ["sql-1", "ok-1"])
+    log_path = tmp_path / "worker.log"
+    worker = start_worker(pg_db, rabbit, queue, log_path, "--log-format", "json")
+    try:
+        wait_until(lambda: rabbit.depth(f"{queue}.dlq") == 1, "the dead letter")
+    finally:
+        assert worker.terminate() == 0, worker.tail()
+
+    records = [json.loads(line) for line in worker.log().splitlines()]
+    assert all(set(r) == {"time", "level", "logger", "message"} for r in records)
+    assert "Zelda" not in worker.log()
+    dead = [r for r in records if "dead-lettered to" in r["message"]]
+    assert [r["level"] for r in dead] == ["ERROR"]
+    assert dead[0]["logger"] == "inbox.worker"
+    assert any(r["message"].startswith("worker stopped: ") for r in records)

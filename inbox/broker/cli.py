@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -34,9 +33,9 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox._oneline import bounded
 from inbox._startup import SchemaNotReady, wait_for_schema, worker_engine, worker_tables
 from inbox.broker._health_cli import add_health_arguments, health_server
+from inbox.broker._logging import LOG_FORMATS, configure_logging
 from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
 from inbox.broker._signals import install_signal_handlers
 from inbox.broker.codec import JSON
@@ -57,8 +56,7 @@ __all__ = [
 BROKER_URL_ENV = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
 EXIT_CONFIGURATION_ERROR = 3
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_MAX_LOG_LINE = 4000
+_configure_logging = configure_logging  # the name inbox.broker.relay_cli imports
 
 
 def _worker_parser() -> UsageParser:
@@ -144,6 +142,12 @@ def _worker_parser() -> UsageParser:
         help="log tracebacks of handler failures (as at DEBUG; they may hold SQL and row data)",
     )
     parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="one line per record: text or json",
+    )
+    parser.add_argument(
         "--no-schema-check",
         dest="schema_check",
         action="store_false",
@@ -201,7 +205,7 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         broker = args.broker or os.environ.get(BROKER_URL_ENV)
         if not broker:
             raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
-        _configure_logging(args.log_level, args.tracebacks, err)
+        configure_logging(args.log_level, args.tracebacks, err, args.log_format)
         connection = _broker_connection(broker)
         inbox = load_inbox(args.target)
         content_type = (
@@ -302,36 +306,3 @@ def _broker_connection(url: str) -> Connection:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-class _OneLineFormatter(logging.Formatter):
-    """Log records without their tracebacks, line breaks in a message made visible: one
-    line per event."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        saved = record.exc_info, record.exc_text, record.stack_info
-        record.exc_info = record.exc_text = record.stack_info = None
-        try:
-            return bounded(super().format(record), _MAX_LOG_LINE)
-        finally:
-            record.exc_info, record.exc_text, record.stack_info = saved
-
-
-def _configure_logging(level: str, tracebacks: bool, stream: TextIO) -> None:
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(
-        logging.Formatter(_LOG_FORMAT)
-        if tracebacks or level == "DEBUG"
-        else _OneLineFormatter(_LOG_FORMAT)
-    )
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(level)
-    if level != "DEBUG":
-        # One line per event: the worker logs each failure, dead letter and skipped duplicate
-        # itself (under inbox.worker), so the core's per-handler lines (and kombu's
-        # connection chatter) are for DEBUG only.
-        logging.getLogger("inbox.core").setLevel(logging.ERROR)
-        logging.getLogger("kombu").setLevel(logging.WARNING)
-        logging.getLogger("amqp").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # reading the revisions at start

@@ -360,3 +360,25 @@ def test_postgresql_is_notified_when_the_publishing_transaction_commits(pg_db: D
         [notice] = list(listener.notifies(timeout=10, stop_after=1))
     assert notice.channel == "inbox_outbox"
     assert notice.payload.endswith(".outbox_message")
+
+
+def test_the_same_idempotency_key_twice_is_two_rows_and_one_effect_downstream(
+    db: Database,
+) -> None:
+    outbox = Outbox()
+    for _ in range(2):  # e.g. a request retried by the client
+        with Session(db.engine) as session, session.begin():
+            outbox.publish(
+                session, "order.created", {"ref": 9}, routing_key="q", idempotency_key="order-9"
+            )
+    rows = [row_from_mapping(r) for r in stored(db.engine)]
+    assert len({row.id for row in rows}) == 2
+    assert {row.headers["idempotency-key"] for row in rows} == {"order-9"}
+
+    downstream = Recorder(Inbox(db.sessions))
+    downstream.add("orders.apply", "order.created")
+    results = [
+        downstream.inbox.process(Message(row.id, row.type, {"ref": 9}, row.headers)) for row in rows
+    ]
+    assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.DUPLICATE]
+    assert db.effect_counts() == {("9", "orders.apply"): 1}

@@ -172,7 +172,9 @@ def scraped(port: int, name: str, **labels: str) -> float:
     )
 
 
-def publish_foreign(rabbit: Rabbit, queue: str, messages: list[tuple[str, str]]) -> None:
+def publish_foreign(
+    rabbit: Rabbit, queue: str, messages: list[tuple[str | None, str]], message_type: str = "op"
+) -> None:
     """Publish (message id, ref) pairs with pika, as a producer that is not this library."""
     url = rabbit.url.rstrip("/") + "/%2F"  # pika spells the default vhost "%2F"
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -186,7 +188,7 @@ def publish_foreign(rabbit: Rabbit, queue: str, messages: list[tuple[str, str]])
                 json.dumps({"ref": ref}).encode(),
                 pika.BasicProperties(
                     message_id=message_id,
-                    type="op",
+                    type=message_type,
                     content_type="application/json",
                     delivery_mode=2,
                 ),
@@ -229,6 +231,13 @@ def test_metrics_count_real_deliveries_and_duplicates_from_a_foreign_producer(
         == 5
     )
     assert scraped(port, "messaging_process_duration_seconds_count") == 5
+
+    publish_foreign(rabbit, queue, [(None, "no id")])
+    publish_foreign(rabbit, queue, [(str(uuid.uuid4()), "u")], message_type="nobody-takes-it")
+    reason = "inbox_dead_letter_reason"
+    wait_until(lambda: scraped(port, "inbox_dead_letters_total") == 2, "two dead letters")
+    assert scraped(port, "inbox_dead_letters_total", **{reason: "missing-message-id"}) == 1
+    assert scraped(port, "inbox_dead_letters_total", **{reason: "unhandled-type"}) == 1
     status, body = get(port, "/healthz")
     assert (status, body) == (HTTPStatus.OK, "ok\n")
     assert get(port, "/nothing")[0] == HTTPStatus.NOT_FOUND

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from amqp.exceptions import ChannelError
 from kombu.connection import Connection
@@ -27,6 +27,10 @@ from inbox.outbox._row import OutboxRow
 __all__ = ["BatchPublisher", "BrokerLost", "Sent"]
 
 logger = logging.getLogger("inbox.relay")
+
+# Type, content type and encoding (255 bytes each at most), message id, delivery mode, the
+# property flags and the frame envelope.
+_OTHER_PROPERTIES: Final = 4096
 
 
 class BrokerLost(Exception):
@@ -57,6 +61,7 @@ class BatchPublisher:
         self._tracker = ConfirmTracker()
         self._exchanges: set[str] = {""}
         self._published: set[str] = set()
+        self._header_sizes: Mapping[uuid.UUID, int] = {}
 
     @property
     def connection(self) -> Connection:
@@ -118,8 +123,12 @@ class BatchPublisher:
         self._channel = self._probe = None
         self._connection.release()
 
-    def publish(self, rows: Sequence[OutboxRow]) -> Sent:
-        """Publish ``rows`` in order and wait for every confirm together."""
+    def publish(
+        self, rows: Sequence[OutboxRow], header_sizes: Mapping[uuid.UUID, int] | None = None
+    ) -> Sent:
+        """Publish ``rows`` in order and wait for every confirm together. ``header_sizes``:
+        the length of each row's stored headers, which spares measuring small ones."""
+        self._header_sizes = header_sizes or {}
         sent = Sent()
         self._published.clear()
         ready: list[tuple[OutboxRow, Any]] = []
@@ -201,11 +210,14 @@ class BatchPublisher:
 
     def _collect(self, rows: Sequence[OutboxRow], sent: Sent) -> None:
         confirmed, refused = self._tracker.confirmed, self._tracker.refused
+        done = {*sent.confirmed, *sent.refused}
         for row in rows:
+            if row.id in done:
+                continue
             key = str(row.id)
-            if key in confirmed and row.id not in sent.confirmed:
+            if key in confirmed:
                 sent.confirmed.append(row.id)
-            elif key in refused and row.id not in sent.refused:
+            elif key in refused:
                 sent.refused[row.id] = refused[key]
         confirmed.clear()
         refused.clear()
@@ -229,13 +241,23 @@ class BatchPublisher:
                 sent.refused[row.id] = missing
                 return None
         prepared = self._prepare(self._open_channel(), row)
-        if not fits_in_frame(self._connection, prepared):
+        if self._may_overflow(row) and not fits_in_frame(self._connection, prepared):
             sent.refused[row.id] = (
                 "its properties (headers included) do not fit in one AMQP frame "
                 f"({self._connection.connection.frame_max} bytes)"
             )
             return None
         return prepared
+
+    def _may_overflow(self, row: OutboxRow) -> bool:
+        """False when the row's headers are certainly small enough for a frame. An AMQP
+        table takes at most a few bytes per character of the JSON text it is stored as (an
+        integer: 9 bytes for ``1,``): eight per character, plus the other properties, is safe."""
+        stored = self._header_sizes.get(row.id)
+        if stored is None:
+            return True
+        frame_max = getattr(self._connection.connection, "frame_max", None) or 0
+        return stored * 8 + _OTHER_PROPERTIES > frame_max
 
     def _probe_exchange(self, exchange: str) -> str | None:
         """None when ``exchange`` exists, else why not (a passive declare, on a channel of

@@ -45,12 +45,14 @@ def resolve_outbox_table(table: str | Table) -> Table:
 
 @dataclass
 class Taken:
-    """One batch: the rows to send in id order, their attempts so far, and the rows that
-    could not be read (id -> why), which are refused without being sent."""
+    """One batch: the rows to send in id order, their attempts so far, the rows that could
+    not be read (id -> why), which are refused without being sent, and the length of each
+    row's stored headers."""
 
     rows: list[OutboxRow] = field(default_factory=list)
     attempts: dict[uuid.UUID, int] = field(default_factory=dict)
     unreadable: dict[uuid.UUID, str] = field(default_factory=dict)
+    header_sizes: dict[uuid.UUID, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.unreadable)
@@ -100,6 +102,9 @@ class OutboxRows:
             mapping = row._asdict()
             row_id: uuid.UUID = mapping["id"]
             taken.attempts[row_id] = int(mapping["attempts"])
+            headers = mapping["headers"]
+            if isinstance(headers, str):
+                taken.header_sizes[row_id] = len(headers)
             try:
                 taken.rows.append(row_from_mapping(mapping))
             except Exception as exc:  # a row written by hand or by another version

@@ -225,7 +225,7 @@ class Relay:
                     taken = self._rows.take(connection, self.batch_size, now)
                     if not len(taken):
                         return 0
-                    sent = self._publisher.publish(taken.rows)
+                    sent = self._publisher.publish(taken.rows, taken.header_sizes)
                     self._settle(connection, taken, sent, now)
             except DBAPIError:
                 if sent.confirmed:

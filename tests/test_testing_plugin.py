@@ -197,6 +197,7 @@ def test_on_sqlite_the_clock_keyed_handler_fails_the_users_run_and_the_good_one_
     result.assert_outcomes(passed=1, failed=1, deselected=1)
     result.stdout.fnmatch_lines(CLOCK_KEYED_FAILURE)
     result.stdout.fnmatch_lines(CLOCK_KEYED_REPORT, consecutive=True)
+    assert "injected by assert_idempotent" not in result.stdout.str()  # no log noise
     assert not (shop.path / "database-url.txt").exists()
 
 

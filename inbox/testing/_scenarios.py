@@ -11,6 +11,7 @@ put back when the delivery is over.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from inbox.message import Message
 from inbox.result import Outcome
 
 __all__ = ["InjectedFailure", "Scenario", "SimulatedCrash", "scenarios"]
+
+_CORE_LOG = logging.getLogger("inbox.core")
 
 
 class InjectedFailure(Exception):
@@ -119,10 +122,19 @@ def _raising_after(
     # process() routes through this attribute at every call; a test runs one delivery at
     # a time, so swapping it for the delivery is safe.
     inbox._registry = patched
+    _CORE_LOG.addFilter(_hide_injected)
     try:
         yield
     finally:
+        _CORE_LOG.removeFilter(_hide_injected)
         inbox._registry = original
+
+
+def _hide_injected(record: logging.LogRecord) -> bool:
+    """Keep the inbox's log of a failed handler for real failures only: the ones injected
+    here would fill a failing test's captured log with tracebacks of no interest."""
+    raised = record.exc_info[1] if record.exc_info else None
+    return not isinstance(raised, InjectedFailure | SimulatedCrash)
 
 
 def _then_raise(

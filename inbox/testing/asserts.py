@@ -86,6 +86,7 @@ def assert_idempotent(
             f"redeliveries cannot be judged: {type(exc).__name__}: {exc}"
         ) from exc
     reference = database.capture()
+    after_clean = [reference, *(store.capture() for store in stores)]
     findings: list[str] = []
     for scenario in scenarios(inbox, message):
         fresh()
@@ -98,7 +99,8 @@ def assert_idempotent(
         if differences or remarks:
             lines = [f"  {remark}" for remark in remarks] + differences
             findings.append(f"{scenario.title}:\n" + "\n".join(lines))
-    database.restore(reference)
+    for each, snapshot in zip((database, *stores), after_clean, strict=True):
+        each.restore(snapshot)
     if findings:
         raise NotIdempotent(_report(message, compared, findings))
 

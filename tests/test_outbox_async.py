@@ -140,3 +140,19 @@ def test_autocommit_set_on_the_connection_is_refused_before_the_flush_writes(
 
     run(main())
     assert stored(adb) == []
+
+
+def test_an_async_session_that_may_not_autobegin_must_be_in_a_transaction(
+    adb: AsyncDatabase,
+) -> None:
+    outbox = Outbox()
+
+    async def main() -> None:
+        async with adb.engine() as engine, AsyncSession(engine, autobegin=False) as session:
+            with pytest.raises(SessionConfigurationError, match="never begins a transaction"):
+                outbox.publish(session, "t", {}, routing_key="q")
+            async with session.begin():
+                outbox.publish(session, "t", {}, routing_key="q")
+
+    run(main())
+    assert len(stored(adb)) == 1

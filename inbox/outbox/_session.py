@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, event
-from sqlalchemy.exc import InvalidRequestError, UnboundExecutionError
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from inbox._session_checks import autocommits
@@ -34,10 +34,12 @@ def joined_session(session: object, mapper: Mapper[Any]) -> Session:
     if isinstance(session, scoped_session):
         session = session()
     if isinstance(session, Session):
+        _refuse_no_transaction(session)
         _refuse_autocommit_now(session, mapper)
         return session
     sync_session = getattr(session, "sync_session", None)  # AsyncSession, without importing it
     if isinstance(sync_session, Session):
+        _refuse_no_transaction(sync_session)
         _refuse_autocommit_soon(sync_session, mapper)
         return sync_session
     raise SessionConfigurationError(
@@ -46,16 +48,19 @@ def joined_session(session: object, mapper: Mapper[Any]) -> Session:
     )
 
 
+def _refuse_no_transaction(session: Session) -> None:
+    if not session.autobegin and not session.in_transaction():
+        raise SessionConfigurationError(
+            "the session (autobegin=False) has no transaction to publish in; begin one "
+            "first: the outbox never begins a transaction of its own"
+        )
+
+
 def _refuse_autocommit_now(session: Session, mapper: Mapper[Any]) -> None:
     try:
         connection = session.connection(bind_arguments={"mapper": mapper})
     except UnboundExecutionError as exc:
         raise _unbound(mapper) from exc
-    except InvalidRequestError as exc:  # autobegin=False and no transaction begun
-        raise SessionConfigurationError(
-            f"the session has no transaction to publish in ({exc}); begin one first: the "
-            "outbox never begins a transaction of its own"
-        ) from exc
     if autocommits(connection):
         raise _refused()
 

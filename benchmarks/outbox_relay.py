@@ -239,6 +239,8 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
     kombu, kombu_spread = median_spread(samples["kombu"])
     ratios = [r / n for r, n in zip(samples["relay"], samples["naive"], strict=True)]
     ratio, ratio_spread = median_spread(ratios)
+    ceilings = [r / k for r, k in zip(samples["relay"], samples["kombu"], strict=True)]
+    ceiling, ceiling_spread = median_spread(ceilings)
     p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
     figures = [
         Figure("relay msg/s (rows → confirmed → deleted)", relay, "msg/s",
@@ -248,6 +250,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         Figure("kombu publish loop msg/s (no database, no confirms)", kombu, "msg/s",
                spread=kombu_spread),
         Figure("relay / naive loop", ratio, "x", *at_least(ratio, 3.0), spread=ratio_spread),
+        Figure("relay / kombu publish loop", ceiling, "x", spread=ceiling_spread),
         Figure("publish → relay → broker latency p50 (NOTIFY)", p50, "ms", *at_most(p50, 20)),
         Figure("publish → relay → broker latency p99 (NOTIFY)", p99, "ms"),
     ]  # fmt: skip

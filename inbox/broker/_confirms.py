@@ -9,10 +9,14 @@ carries the message, not the tag, so it is matched by the ``message_id`` each pu
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["PERSISTENT", "ConfirmTracker", "fits_in_frame"]
+from amqp.method_framing import frame_writer
+
+__all__ = ["PERSISTENT", "ConfirmTracker", "corked", "fits_in_frame"]
 
 PERSISTENT: Final = 2
 _FRAME_OVERHEAD: Final = 8 + 12  # frame envelope, then class id, weight and body size
@@ -107,3 +111,31 @@ def fits_in_frame(connection: Any, prepared: Any) -> bool:
     if not frame_max:
         return True
     return bool(len(prepared._serialize_properties()) + _FRAME_OVERHEAD <= frame_max)
+
+
+class _Gathered:
+    """A stand-in transport that keeps what is written (copied: py-amqp hands out a view
+    of the buffer it reuses for every frame)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.chunks.append(bytes(data))
+
+
+@contextmanager
+def corked(connection: Any) -> Iterator[None]:
+    """Publishes made on the kombu ``connection`` inside the block go to the socket in one
+    write at its end, not one system call each. Only publishes: a call that waits for the
+    broker's reply inside the block would wait for a request not sent yet."""
+    amqp_connection = connection.connection
+    gathered = _Gathered()
+    writer = amqp_connection.frame_writer
+    amqp_connection.frame_writer = frame_writer(amqp_connection, gathered)
+    try:
+        yield
+    finally:
+        amqp_connection.frame_writer = writer
+        if gathered.chunks:  # published from the relay's point of view: they go out
+            amqp_connection.transport.write(b"".join(gathered.chunks))

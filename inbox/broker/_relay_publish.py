@@ -20,7 +20,7 @@ from typing import Any, Final
 from amqp.exceptions import ChannelError
 from kombu.connection import Connection
 
-from inbox.broker._confirms import PERSISTENT, ConfirmTracker, fits_in_frame
+from inbox.broker._confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
 from inbox.broker._relay_refusals import error_line
 from inbox.outbox._row import OutboxRow
 
@@ -155,8 +155,9 @@ class BatchPublisher:
         channel = self._open_channel()
         self._tracker.reset()
         try:
-            for row, prepared in ready:
-                self._send(channel, row, prepared)
+            with corked(self._connection):
+                for row, prepared in ready:
+                    self._send(channel, row, prepared)
             self._tracker.wait(self._connection, self.confirm_timeout)
         except ChannelError as exc:
             # The channel is closed and which publish caused it is not certain (confirms

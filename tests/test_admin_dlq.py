@@ -21,6 +21,7 @@ from typing import Any
 import amqp
 import pytest
 from admin_app import HANDLER
+from sqlalchemy import insert, select
 from support.databases import Database
 from support.rabbit import Rabbit
 from support.worker import (
@@ -36,6 +37,7 @@ from support.worker import (
 from inbox.admin import admin_main
 from inbox.admin._dlq import REPLAYS
 from inbox.broker import headers as h
+from inbox.schema import inbox_message
 
 POISON = [f"bad-{i}" for i in range(40)]
 GOOD = [f"good-{i}" for i in range(5)]
@@ -369,3 +371,74 @@ def test_show_purge_and_the_age_filter(rabbit: Rabbit, queues: tuple[str, str, A
     code, _, err = inbox_cli(rabbit, "purge", "--queue", queue, "--older-than", "soon")
     assert code == 2
     assert "expected a duration like 30m, 12h or 7d, got 'soon'" in err
+
+
+def uuid7_at(moment: dt.datetime) -> str:
+    millis = int(moment.timestamp() * 1000)
+    raw = bytearray(millis.to_bytes(6, "big") + uuid.uuid4().bytes[6:])
+    raw[6] = (raw[6] & 0x0F) | 0x70
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(raw)))
+
+
+def test_cleanup_keeps_the_claims_a_dead_letter_may_still_need(
+    pg_db: Database, rabbit: Rabbit, queues: tuple[str, str, Any]
+) -> None:
+    queue, dlq, channel = queues
+    now = dt.datetime.now(dt.UTC)
+    sent = now - dt.timedelta(days=10, hours=1)
+    letter_id = uuid7_at(sent)
+    channel.basic_publish_confirm(
+        amqp.Message(b"{}", message_id=letter_id, application_headers={h.REASON: "handler-failed"}),
+        exchange="",
+        routing_key=dlq,
+    )
+    with pg_db.engine.begin() as connection:
+        connection.execute(
+            insert(inbox_message),
+            [
+                {
+                    "message_id": uuid.uuid4(),
+                    "handler": f"h{age}",
+                    "processed_at": now - dt.timedelta(days=age),
+                }
+                for age in (2, 9, 10, 13)
+            ],
+        )
+    out, err = io.StringIO(), io.StringIO()
+
+    code = admin_main(
+        [
+            "cleanup",
+            "--days",
+            "3",
+            "--database-url",
+            pg_db.url,
+            "--broker",
+            rabbit.url,
+            "--queue",
+            queue,
+        ],
+        stdout=out,
+        stderr=err,
+    )
+
+    assert (code, err.getvalue()) == (0, "")
+    lines = out.getvalue().splitlines()
+    sent_ms = dt.datetime.fromtimestamp(int(sent.timestamp() * 1000) / 1000, dt.UTC)
+    assert lines[0] == (
+        f"inbox cleanup: keeping the claims of the last 12 days, not 3: the oldest dead letter "
+        f"in {dlq} (message {letter_id}) was first sent at "
+        f"{sent_ms.isoformat(timespec='seconds')} and may still be replayed"
+    )
+    assert lines[1].startswith("inbox-cleanup: deleted 1 claims ")
+    with pg_db.engine.connect() as connection:
+        kept = set(connection.execute(select(inbox_message.c.handler)).scalars())
+    assert kept == {"h2", "h9", "h10"}
+    wait_until(lambda: rabbit.depth(dlq) == 1, "the dead letter back in place")
+
+    # Without --queue, inbox cleanup is inbox-cleanup.
+    code = admin_main(["cleanup", "--days", "3", "--database-url", pg_db.url, "-q"])
+    assert code == 0
+    with pg_db.engine.connect() as connection:
+        assert set(connection.execute(select(inbox_message.c.handler)).scalars()) == {"h2"}

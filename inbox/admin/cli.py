@@ -35,7 +35,8 @@ from inbox._cli import (
 )
 from inbox.admin import _claims, _commands
 from inbox.admin._dlq_commands import dlq, duration
-from inbox.retention.cli import cleanup_main
+from inbox.admin._guard import guarded_cleanup
+from inbox.broker.cli import BROKER_URL_ENV
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -47,7 +48,6 @@ from inbox.schema import (
 
 __all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "EXIT_NOT_FOUND", "admin_main"]
 
-BROKER_URL_ENV: Final = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR: Final = EXIT_DATABASE_ERROR
 EXIT_NOT_FOUND: Final = _commands.EXIT_NOT_FOUND
 
@@ -109,7 +109,14 @@ def _parser() -> UsageParser:
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
 
-    commands.add_parser("cleanup", help="inbox-cleanup (see inbox cleanup --help)", add_help=False)
+    commands.add_parser(
+        "cleanup",
+        help=(
+            "inbox-cleanup (see inbox cleanup --help); with --broker/--queue Q it keeps every "
+            "claim younger than the oldest dead letter of Q"
+        ),
+        add_help=False,
+    )
     return parser
 
 
@@ -161,7 +168,7 @@ def admin_main(
     question (default: the terminal; without one, ``release`` needs ``--yes``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["cleanup"]:
-        return cleanup_main(arguments[1:], stdout=stdout, stderr=stderr)
+        return guarded_cleanup(arguments[1:], stdout or sys.stdout, stderr or sys.stderr)
     io = _commands.Streams(
         sys.stdout if stdout is None else stdout,
         sys.stderr if stderr is None else stderr,

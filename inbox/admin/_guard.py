@@ -1,0 +1,137 @@
+"""The retention guard of ``inbox cleanup --broker URL --queue Q``: a dead letter can still
+be replayed, and its replay must find the claims of the handlers that already committed, or
+they run again. So the window is widened to keep every claim younger than the oldest dead
+letter of each queue (plus a day, for clocks that disagree)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TextIO
+
+import amqp
+
+from inbox._cli import (
+    EXIT_DATABASE_ERROR,
+    EXIT_USAGE,
+    UsageError,
+    UsageParser,
+    first_line,
+    mask_urls,
+    whole_number,
+)
+from inbox.admin._dlq import dead_letter_queue, depth, hold, open_channel
+from inbox.broker import headers as h
+from inbox.broker.cli import BROKER_URL_ENV
+from inbox.retention.cli import cleanup_main
+
+__all__ = ["MAX_SCANNED", "Oldest", "guarded_cleanup", "guarded_days", "oldest_dead_letter"]
+
+MAX_SCANNED: Final = 100_000
+"""Dead letters read per queue, at most (each is held unacked until the scan ends)."""
+_MARGIN: Final = dt.timedelta(days=1)
+_UUID7: Final = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Oldest:
+    """The earliest a dead letter of ``dead_letter_queue`` can have been first processed."""
+
+    dead_letter_queue: str
+    at: dt.datetime
+    message_id: str | None
+
+
+def oldest_dead_letter(channel: amqp.Channel, queue: str) -> Oldest | None:
+    """The oldest dead letter of ``queue`` by when it was first sent: the time in its UUIDv7
+    id, else its first failure, else when it was dead-lettered. None for an empty queue."""
+    dlq = dead_letter_queue(queue)
+    oldest: Oldest | None = None
+    for _ in range(min(depth(channel, dlq), MAX_SCANNED)):
+        message = channel.basic_get(dlq, no_ack=False)
+        if message is None:
+            break
+        hold(channel, message, dlq)
+        born = _born(message.properties)
+        if born is not None and (oldest is None or born < oldest.at):
+            oldest = Oldest(dlq, born, _text(message.properties.get("message_id")))
+    return oldest
+
+
+def guarded_cleanup(argv: list[str], out: TextIO, err: TextIO) -> int:
+    """``inbox cleanup``: ``inbox-cleanup``, with the retention guard when given ``--queue``."""
+    guard = UsageParser(prog="inbox cleanup", add_help=False)
+    guard.add_argument("--broker")
+    guard.add_argument("--queue", action="append", default=[])
+    guard.add_argument("--days", type=whole_number(1))
+    guard.add_argument("-q", "--quiet", action="store_true")
+    try:
+        known, rest = guard.parse_known_args(argv)
+    except UsageError:
+        known = None  # inbox-cleanup says what is wrong
+    if known is None or not known.queue or known.days is None:
+        return cleanup_main(argv, stdout=out, stderr=err)
+    broker = known.broker or os.environ.get(BROKER_URL_ENV)
+    if not broker:
+        err.write(f"inbox: error: --queue needs a broker: pass --broker or set {BROKER_URL_ENV}\n")
+        return EXIT_USAGE
+    try:
+        with open_channel(broker) as channel:
+            found = [oldest_dead_letter(channel, queue) for queue in known.queue]
+    except ValueError as exc:
+        err.write(f"inbox: error: {mask_urls(str(exc))}\n")
+        return EXIT_USAGE
+    except Exception as exc:  # the CLI edge: one line, never a traceback
+        err.write(f"inbox: error: broker {mask_urls(broker)}: {mask_urls(first_line(exc))}\n")
+        return EXIT_DATABASE_ERROR  # 1, as for a database error
+    oldest = min((o for o in found if o is not None), key=lambda o: o.at, default=None)
+    days = guarded_days(known.days, oldest.at if oldest else None, dt.datetime.now(dt.UTC))
+    if oldest is not None and days > known.days and not known.quiet:
+        out.write(
+            f"inbox cleanup: keeping the claims of the last {days} days, not {known.days}: the "
+            f"oldest dead letter in {oldest.dead_letter_queue} (message {oldest.message_id}) was "
+            f"first sent at {oldest.at.isoformat(timespec='seconds')} and may still be replayed\n"
+        )
+    return cleanup_main(
+        [*rest, "--days", str(days), *(["--quiet"] if known.quiet else [])], stdout=out, stderr=err
+    )
+
+
+def guarded_days(days: int, oldest: dt.datetime | None, now: dt.datetime) -> int:
+    """``days``, or more whole days so that claims processed since ``oldest`` (less a day's
+    margin) are kept."""
+    if oldest is None:
+        return days
+    needed = math.ceil((now - oldest + _MARGIN) / dt.timedelta(days=1))
+    return max(days, needed)
+
+
+def _born(properties: Mapping[str, Any]) -> dt.datetime | None:
+    message_id = _text(properties.get("message_id"))
+    try:
+        parsed = uuid.UUID(message_id) if message_id else None
+    except ValueError:
+        parsed = None
+    if parsed is not None and parsed.version == _UUID7:
+        millis = int.from_bytes(parsed.bytes[:6], "big")
+        return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
+    headers: Mapping[str, Any] = properties.get("application_headers") or {}
+    for name in (h.FIRST_FAILURE, h.DEAD_LETTERED_AT):
+        value = headers.get(name)
+        if isinstance(value, str):
+            try:
+                at = dt.datetime.fromisoformat(value)
+            except ValueError:
+                continue
+            return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+    return None
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -382,3 +382,25 @@ def test_the_same_idempotency_key_twice_is_two_rows_and_one_effect_downstream(
     ]
     assert [r.outcome for r in results] == [Outcome.PROCESSED, Outcome.DUPLICATE]
     assert db.effect_counts() == {("9", "orders.apply"): 1}
+
+
+def test_a_handler_publishing_an_id_already_in_the_outbox_fails_and_commits_nothing(
+    db: Database,
+) -> None:
+    inbox = Inbox(db.sessions)
+    outbox = Outbox()
+    taken = uuid7()
+    with Session(db.engine) as session, session.begin():
+        outbox.publish(session, "earlier", {}, routing_key="q", message_id=taken)
+
+    @inbox.handler("order.created", name="orders.announce")
+    def announce(message: Message, session: Session) -> None:
+        record_effect(message, session, "orders.announce")
+        outbox.publish(session, "announced", {}, routing_key="q", message_id=taken)
+
+    with pytest.raises(HandlerFailed) as failed:
+        inbox.process(order(3))
+    assert isinstance(failed.value.failures["orders.announce"], IntegrityError)
+    assert [r["type"] for r in stored(db.engine)] == ["earlier"]
+    assert db.count(inbox.table) == 0
+    assert db.effect_counts() == {}

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
 
-from inbox.broker._relay_refusals import error_line
+from inbox.broker._relay_refusals import error_line, refusal_delay
 from inbox.outbox._row import OutboxRow, row_from_mapping
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
 
@@ -56,6 +56,18 @@ class Taken:
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.unreadable)
+
+    def refusals(
+        self, refused: Mapping[uuid.UUID, str], now: dt.datetime, cap: float
+    ) -> list[Refusal]:
+        """The refusals to record: the unreadable rows and ``refused`` (id -> why), each
+        with its attempts counting this one and its next attempt after a backoff."""
+        recorded = []
+        for row_id, reason in {**self.unreadable, **refused}.items():
+            attempts = self.attempts[row_id] + 1
+            delay = dt.timedelta(seconds=refusal_delay(attempts, cap))
+            recorded.append(Refusal(row_id, attempts, reason, now + delay))
+        return recorded
 
 
 @dataclass(frozen=True)

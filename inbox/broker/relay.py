@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import threading
 import time
 from types import TracebackType
@@ -24,14 +23,15 @@ from typing import Final, Self
 
 from kombu.connection import Connection
 from sqlalchemy import Connection as DatabaseConnection
-from sqlalchemy import Engine, Table, create_engine
+from sqlalchemy import Engine, Table
 from sqlalchemy.exc import DBAPIError
 
 from inbox._retry import is_transient
 from inbox._startup import wait_for_schema
 from inbox.broker._relay_listen import Wakeup
+from inbox.broker._relay_options import broker_connection, check_seconds, check_whole, engine_of
 from inbox.broker._relay_publish import BatchPublisher, BrokerLost, Sent
-from inbox.broker._relay_refusals import error_line, refusal_delay
+from inbox.broker._relay_refusals import error_line
 from inbox.broker._relay_rows import OutboxRows, Refusal, Taken, resolve_outbox_table
 from inbox.broker._relay_stats import RelayStats
 from inbox.broker._relay_status import OutboxStatus, outbox_status
@@ -74,18 +74,18 @@ class Relay:
         listen: bool = True,
         stats_interval: float | None = 60.0,
     ) -> None:
-        _check_whole("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        check_whole("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         for name, value in (
             ("poll_interval", poll_interval),
             ("confirm_timeout", confirm_timeout),
             ("max_retry_delay", max_retry_delay),
             ("stats_interval", 1.0 if stats_interval is None else stats_interval),
         ):
-            _check_seconds(name, value)
+            check_seconds(name, value)
         self._rows = OutboxRows(resolve_outbox_table(table))
         self._owns_engine = isinstance(engine, str)
-        self.engine = _engine(engine)
-        self._publisher = BatchPublisher(_connection(broker), confirm_timeout=confirm_timeout)
+        self.engine = engine_of(engine)
+        self._publisher = BatchPublisher(broker_connection(broker), confirm_timeout=confirm_timeout)
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.max_retry_delay = max_retry_delay
@@ -245,13 +245,7 @@ class Relay:
         self._rows.refuse(connection, self._refusals(taken, sent, now))
 
     def _refusals(self, taken: Taken, sent: Sent, now: dt.datetime) -> list[Refusal]:
-        reasons = {**taken.unreadable, **sent.refused}
-        refusals = []
-        for row_id, reason in reasons.items():
-            attempts = taken.attempts[row_id] + 1
-            delay = refusal_delay(attempts, self.max_retry_delay)
-            refusals.append(Refusal(row_id, attempts, reason, now + dt.timedelta(seconds=delay)))
-        return refusals
+        return taken.refusals(sent.refused, now, self.max_retry_delay)
 
     def _delete_again(self, taken: Taken, sent: Sent, now: dt.datetime) -> None:
         """The broker confirmed rows whose delete failed: delete them in a new transaction.
@@ -307,46 +301,3 @@ class Relay:
     def _table_name(self) -> str:
         table = self._rows.table
         return f"{table.schema}.{table.name}" if table.schema else table.name
-
-
-def _engine(engine: Engine | str) -> Engine:
-    if isinstance(engine, Engine):
-        return engine
-    if isinstance(engine, str):
-        if not engine.strip():
-            raise ValueError("the database URL is empty")
-        return create_engine(engine, pool_pre_ping=True)
-    raise TypeError(f"engine must be a sqlalchemy Engine or a URL, got {type(engine).__name__}")
-
-
-def _connection(broker: Connection | str) -> Connection:
-    """A clone of ``broker`` without kombu's own confirm handling (the relay awaits each
-    batch's confirms itself)."""
-    if isinstance(broker, str):
-        if not broker.strip():
-            raise ValueError("the broker URL is empty")
-        broker = Connection(broker)
-    elif not isinstance(broker, Connection):
-        raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
-    options = dict(broker.transport_options or {})
-    options.pop("confirm_publish", None)
-    clone: Connection = broker.clone(transport_options=options)
-    if clone.transport.driver_type != "amqp":
-        raise ValueError(
-            f"the relay needs an AMQP broker with publisher confirms, got {clone.transport_cls!r}"
-        )
-    return clone
-
-
-def _check_whole(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value}")

@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 from kombu import Connection
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 from support.databases import Database
 from support.rabbit import Rabbit
 from support.relay import (
@@ -26,6 +27,7 @@ from support.relay import (
     receive_all,
 )
 
+from inbox import Outbox
 from inbox.broker import Relay, outbox_status
 from inbox.broker.relay_cli import relay_main
 from inbox.outbox._row import OutboxRow
@@ -85,6 +87,43 @@ def test_committed_rows_go_out_once_each_in_id_order_with_every_property_intact(
     assert blob.properties.type == "blob.stored"
     assert blob.properties.content_type == "application/octet-stream"
     assert blob.properties.content_encoding is None
+    assert outbox_ids(db.engine) == []
+
+
+def test_outbox_publish_committed_goes_out_once_with_its_id_rolled_back_never(
+    db: Database, rabbit: Rabbit
+) -> None:
+    queue = declare_queue(rabbit, "orders")
+    outbox = Outbox()
+    with Session(db.engine) as session, session.begin():
+        kept = outbox.publish(
+            session,
+            "order.created",
+            {"order_id": 42},
+            routing_key=queue,
+            idempotency_key="order-created-42",
+            headers={"tenant": "acme"},
+        )
+    with Session(db.engine) as session, session.begin():
+        outbox.publish(session, "order.created", {"order_id": 43}, routing_key=queue)
+        session.flush()  # the row is written, then rolled back with the transaction
+        session.rollback()
+    with Session(db.engine) as session, session.begin():
+        raw = outbox.publish(
+            session, "blob", b"\x00\xff", routing_key=queue, content_type="image/png"
+        )
+
+    with make_relay(db, rabbit) as relay:
+        assert relay.drain() == 2
+    first, second = receive_all(rabbit, queue)
+    assert (first.message_id, second.message_id) == (kept, raw)
+    assert first.properties.type == "order.created"
+    assert first.properties.content_type == JSON
+    assert first.properties.delivery_mode == PERSISTENT
+    assert json.loads(first.body) == {"order_id": 42}
+    assert first.properties.headers == {"idempotency-key": "order-created-42", "tenant": "acme"}
+    assert second.body == b"\x00\xff"
+    assert second.properties.content_type == "image/png"
     assert outbox_ids(db.engine) == []
 
 

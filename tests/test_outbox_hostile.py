@@ -197,3 +197,51 @@ def test_arguments_are_refused_at_the_call_or_read_back_exactly(call: dict[str, 
         assert (row.body, row.content_type) == (call["body"], "application/octet-stream")
     else:
         assert json.loads(row.body) == call["body"]
+
+
+EDGE_VALUES: list[tuple[str, dict[str, Any]]] = [
+    ("255-byte type", {"type": "t" * 255}),
+    ("127 two-byte chars + 1", {"type": "é" * 127 + "x"}),
+    ("emoji type", {"type": "order.✓.🎉"}),
+    ("trailing space type", {"type": "order.created "}),
+    ("spaces in routing key", {"routing_key": " orders  "}),
+    ("255-byte routing key", {"routing_key": "r" * 255}),
+    ("unicode exchange", {"exchange": "läden", "routing_key": ""}),
+    ("control characters", {"type": "a\tb\nc", "routing_key": "\x01"}),
+    ("lone surrogate header", {"headers": {"k": "\ud800", "\udfff": 1}}),
+    ("NUL in header value", {"headers": {"k": "a\x00b", "raw": b"\x00"}}),
+    ("emoji idempotency key", {"idempotency_key": "🎉-order-1"}),
+    ("empty bytes body", {"body": b""}),
+    ("NUL in text body", {"body": "a\x00b", "content_type": "text/plain"}),
+    ("255-byte content type", {"body": b"x", "content_type": "c" * 255}),
+]
+
+
+@pytest.mark.parametrize("arguments", [pytest.param(args, id=name) for name, args in EDGE_VALUES])
+def test_odd_but_valid_arguments_are_stored_exactly(
+    db: Database, arguments: dict[str, Any]
+) -> None:
+    call = GOOD | arguments
+    expected = dict(call)
+    with Session(db.engine) as session, session.begin():
+        Outbox().publish(session, call.pop("type"), call.pop("body"), **call)
+    with db.engine.connect() as connection:
+        [row] = [row_from_mapping(r._mapping) for r in connection.execute(select(outbox_message))]
+    assert (row.type, row.routing_key, row.exchange) == (
+        expected["type"],
+        expected["routing_key"],
+        expected.get("exchange", ""),
+    )
+    headers = dict(expected.get("headers") or {})
+    if "idempotency_key" in expected:
+        headers["idempotency-key"] = expected["idempotency_key"]
+    assert row.headers == headers
+    if "content_type" in expected:
+        assert row.content_type == expected["content_type"]
+    body = expected["body"]
+    if isinstance(body, bytes):
+        assert row.body == body
+    elif isinstance(body, str):
+        assert row.body == body.encode()
+    else:
+        assert json.loads(row.body) == body

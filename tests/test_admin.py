@@ -17,6 +17,7 @@ from support.effects import record_effect
 
 from inbox import Inbox, Message
 from inbox.admin import admin_main
+from inbox.retention.cli import cleanup_main
 from inbox.message import KEY_NAMESPACE
 from inbox.result import Outcome
 from inbox.schema import inbox_effect, inbox_message, outbox_message
@@ -316,6 +317,8 @@ def test_bad_usage_exits_2_with_one_line(
 def test_version_and_cleanup(db: Database, capsys: pytest.CaptureFixture[str]) -> None:
     assert admin_main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("inbox 0.")
+    assert cleanup_main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("inbox-cleanup 0.")
     with db.engine.begin() as connection:
         connection.execute(
             insert(inbox_message),

@@ -442,3 +442,37 @@ def test_cleanup_keeps_the_claims_a_dead_letter_may_still_need(
     assert code == 0
     with pg_db.engine.connect() as connection:
         assert set(connection.execute(select(inbox_message.c.handler)).scalars()) == {"h2"}
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_and_quiet(rabbit: Rabbit, queues: tuple[str, str, Any]) -> None:
+    queue, dlq, channel = queues
+    for _ in range(150):
+        dead_letter(channel, dlq, "handler-failed", "ops.a")
+    out, err = io.StringIO(), Terminal()
+
+    code = admin_main(
+        ["dlq", "replay", "--queue", queue, "--broker", rabbit.url, "--limit", "120"],
+        stdout=out,
+        stderr=err,
+    )
+
+    assert code == 0
+    assert err.getvalue() == "\r100/120 read, 100 taken\r120/120 read, 120 taken\n"
+    assert out.getvalue().startswith("replayed 120 of 150 dead letters")
+    assert out.getvalue().endswith("left: 30 not read (--limit, or taken meanwhile)\n")
+
+    out, err = io.StringIO(), Terminal()
+    code = admin_main(
+        ["dlq", "replay", "--queue", queue, "--broker", rabbit.url, "--quiet"],
+        stdout=out,
+        stderr=err,
+    )
+    assert (code, out.getvalue(), err.getvalue()) == (0, "", "")
+    assert rabbit.depth(queue) == 150

@@ -98,8 +98,8 @@ def _confirmed(args: argparse.Namespace, io: Streams) -> bool:
 
 def _progress(err: TextIO) -> Callable[[_replay.MoveReport], None]:
     def show(report: _replay.MoveReport) -> None:
-        if report.examined % 100 == 0 or report.examined == report.present:
-            err.write(f"\r{report.examined}/{report.present} read, {report.moved} taken")
+        if report.examined % 100 == 0 or report.examined == report.to_read:
+            err.write(f"\r{report.examined}/{report.to_read} read, {report.moved} taken")
             err.flush()
 
     return show

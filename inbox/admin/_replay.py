@@ -57,12 +57,14 @@ class Filters:
 
 @dataclass(slots=True)
 class MoveReport:
-    """What a replay or purge did: ``present`` dead letters at the start, ``examined`` read,
-    ``moved`` replayed or purged (or that would be, on a dry run)."""
+    """What a replay or purge did: ``present`` dead letters at the start, ``to_read`` of them
+    to read (``limit``), ``examined`` read, ``moved`` replayed or purged (or that would be, on
+    a dry run)."""
 
     queue: str
     dead_letter_queue: str
     present: int
+    to_read: int
     dry_run: bool
     examined: int = 0
     moved: int = 0
@@ -86,8 +88,8 @@ def replay(
     ``max_replays`` times already stay. Broker errors propagate; whatever was not acked yet
     then stays in the dead-letter queue."""
     depth(channel, queue)  # the queue must exist, or every copy would be returned
-    report = _report(channel, queue, dry_run)
-    for message, letter in _bounded(channel, report, limit, filters, progress):
+    report = _report(channel, queue, limit, dry_run)
+    for message, letter in _bounded(channel, report, filters, progress):
         if letter.replays >= max_replays:
             report.replayed_too_often.append(letter)
             hold(channel, message, report.dead_letter_queue)
@@ -114,8 +116,8 @@ def purge(
     progress: Callable[[MoveReport], None] | None = None,
 ) -> MoveReport:
     """Delete the dead letters of ``queue`` that pass ``filters`` (ack them, one by one)."""
-    report = _report(channel, queue, dry_run)
-    for message, _ in _bounded(channel, report, limit, filters, progress):
+    report = _report(channel, queue, limit, dry_run)
+    for message, _ in _bounded(channel, report, filters, progress):
         report.moved += 1
         if dry_run:
             hold(channel, message, report.dead_letter_queue)
@@ -124,23 +126,24 @@ def purge(
     return report
 
 
-def _report(channel: amqp.Channel, queue: str, dry_run: bool) -> MoveReport:
+def _report(channel: amqp.Channel, queue: str, limit: int | None, dry_run: bool) -> MoveReport:
     dlq = dead_letter_queue(queue)
-    return MoveReport(queue, dlq, depth(channel, dlq), dry_run)
+    present = depth(channel, dlq)
+    return MoveReport(
+        queue, dlq, present, present if limit is None else min(present, limit), dry_run
+    )
 
 
 def _bounded(
     channel: amqp.Channel,
     report: MoveReport,
-    limit: int | None,
     filters: Filters,
     progress: Callable[[MoveReport], None] | None,
 ) -> Iterator[tuple[amqp.Message, DeadLetter]]:
-    """The dead letters present at the start (at most ``limit``) that pass ``filters``;
-    the others are held in place."""
+    """The dead letters present at the start (at most ``report.to_read``) that pass
+    ``filters``; the others are held in place."""
     now = dt.datetime.now(dt.UTC)
-    bound = report.present if limit is None else min(report.present, limit)
-    for _ in range(bound):
+    for _ in range(report.to_read):
         message = channel.basic_get(report.dead_letter_queue, no_ack=False)
         if message is None:
             break

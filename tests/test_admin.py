@@ -17,9 +17,9 @@ from support.effects import record_effect
 
 from inbox import Inbox, Message
 from inbox.admin import admin_main
-from inbox.retention.cli import cleanup_main
 from inbox.message import KEY_NAMESPACE
 from inbox.result import Outcome
+from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_effect, inbox_message, outbox_message
 
 NOW = dt.datetime.now(dt.UTC)

@@ -4,13 +4,14 @@ the claim, and sessions in autocommit are refused."""
 
 from __future__ import annotations
 
+from asyncio import current_task
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, insert, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session, async_sessionmaker
 from support.aio import ASYNC_DRIVERS, AsyncDatabase, fresh_async_database, record_effect, run
 from support.databases import effects
 from support.effects import order
@@ -156,3 +157,17 @@ def test_an_async_session_that_may_not_autobegin_must_be_in_a_transaction(
 
     run(main())
     assert len(stored(adb)) == 1
+
+
+def test_an_async_scoped_session_works(adb: AsyncDatabase) -> None:
+    outbox = Outbox()
+
+    async def main() -> None:
+        async with adb.engine() as engine:
+            scoped = async_scoped_session(async_sessionmaker(engine), scopefunc=current_task)
+            async with scoped.begin():
+                outbox.publish(scoped, "scoped", {}, routing_key="q")
+            await scoped.remove()
+
+    run(main())
+    assert [row.type for row in stored(adb)] == ["scoped"]

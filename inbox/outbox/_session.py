@@ -1,5 +1,6 @@
 """The session a publish joins: a ``Session``, an ``AsyncSession`` (through its synchronous
-side) or a ``scoped_session``; and the refusal of one whose writes would commit one by one.
+side), or a ``scoped_session`` / ``async_scoped_session`` of them; and the refusal of one
+whose writes would commit one by one.
 
 An outbox row written in autocommit mode would be sent even if the application's later
 work failed, and the business write before it could commit without the row: exactly the
@@ -12,6 +13,7 @@ flush that would write the row begins, before any of that flush's statements.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine, event
@@ -31,8 +33,7 @@ _LISTENING: Final = "inbox.outbox.checks_flushes"
 def joined_session(session: object, mapper: Mapper[Any]) -> Session:
     """The blocking ``Session`` behind ``session``, after refusing one in autocommit mode or
     without a bind for the outbox table."""
-    if isinstance(session, scoped_session):
-        session = session()
+    session = _in_scope(session)
     if isinstance(session, Session):
         _refuse_no_transaction(session)
         _refuse_autocommit_now(session, mapper)
@@ -46,6 +47,18 @@ def joined_session(session: object, mapper: Mapper[Any]) -> Session:
         "outbox.publish() takes the sqlalchemy Session (or AsyncSession) whose transaction "
         f"the message belongs to, got {type(session).__name__}"
     )
+
+
+def _in_scope(session: object) -> object:
+    """The current session of a ``scoped_session`` or ``async_scoped_session``."""
+    if isinstance(session, scoped_session):
+        return session()
+    # Only if the application imported SQLAlchemy's asyncio layer (which needs greenlet).
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if aio is not None and isinstance(session, aio.async_scoped_session):
+        current: object = session()
+        return current
+    return session
 
 
 def _refuse_no_transaction(session: Session) -> None:

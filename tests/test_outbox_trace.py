@@ -40,8 +40,7 @@ def test_the_publishing_span_is_stored_with_the_row_and_a_given_one_wins(db: Dat
                 row_from_mapping(m._mapping) for m in connection.execute(select(outbox_message))
             )
         }
-    assert rows[traced].headers["traceparent"].startswith(
-        f"00-{context.trace_id:032x}-{context.span_id:016x}-"
-    )
+    traceparent = rows[traced].headers["traceparent"]
+    assert traceparent.startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
     assert rows[given].headers["traceparent"] == GIVEN
     assert "traceparent" not in rows[untraced].headers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
@@ -404,3 +405,22 @@ def test_a_handler_publishing_an_id_already_in_the_outbox_fails_and_commits_noth
     assert [r["type"] for r in stored(db.engine)] == ["earlier"]
     assert db.count(inbox.table) == 0
     assert db.effect_counts() == {}
+
+
+def test_one_outbox_shared_by_threads_writes_every_row_once(server_db: Database) -> None:
+    outbox = Outbox()
+    threads, each = 6, 40
+
+    def publish_many(worker: int) -> list[uuid.UUID]:
+        ids = []
+        for n in range(each):
+            with Session(server_db.engine) as session, session.begin():
+                ids.append(outbox.publish(session, "t", {"w": worker, "n": n}, routing_key="q"))
+        return ids
+
+    with ThreadPoolExecutor(threads) as pool:
+        published = [i for ids in pool.map(publish_many, range(threads)) for i in ids]
+
+    rows = [row_from_mapping(r) for r in stored(server_db.engine)]
+    assert sorted(r.id for r in rows) == sorted(published)
+    assert len(set(published)) == threads * each

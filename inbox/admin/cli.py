@@ -180,20 +180,20 @@ def admin_main(
         broker = _broker_url(args)
         if args.command == "dlq":
             assert broker is not None
-            url: URL | None = None
-        else:
-            url = database_url(args.database_url)
-            engine = _engine(url)
-            tables = _commands.Tables(
-                resolve_table(args.table),
-                _named(args.effect_table, effect_table),
-                _named(args.outbox_table, outbox_table),
-            )
-            keys = (
-                _claims.lookup_keys(args.id_or_key, business_key=args.key)
-                if args.command in ("show", "release")
-                else ()
-            )
+            dlq_broker = broker
+            return _guarded(lambda: dlq(args, dlq_broker, io), io, None, broker)
+        url = database_url(args.database_url)
+        tables = _commands.Tables(
+            resolve_table(args.table),
+            _named(args.effect_table, effect_table),
+            _named(args.outbox_table, outbox_table),
+        )
+        keys = (
+            _claims.lookup_keys(args.id_or_key, business_key=args.key)
+            if args.command in ("show", "release")
+            else ()
+        )
+        engine = _engine(url)
     except VersionRequested as version:
         io.out.write(f"{version.line}\n")
         return EXIT_OK
@@ -201,10 +201,8 @@ def admin_main(
         io.err.write(parser.format_usage())
         io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
-    try:
-        if url is None:
-            assert broker is not None
-            return dlq(args, broker, io)
+
+    def run() -> int:
         try:
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)
@@ -213,16 +211,29 @@ def admin_main(
             return _commands.release(engine, tables, keys, args, io)
         finally:
             engine.dispose()
+
+    return _guarded(run, io, url, broker)
+
+
+def _guarded(
+    run: Callable[[], int], io: _commands.Streams, url: URL | None, broker: str | None
+) -> int:
+    """``run()``, its errors printed as one line with the exit code they mean."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        io.err.write("inbox: interrupted; what was not done yet is left as it was\n")
+        return EXIT_BROKER_ERROR
     except ValueError as exc:  # found out only on connecting (a broker that is not RabbitMQ)
         io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
-    except SQLAlchemyError as exc:
-        assert url is not None
-        io.err.write(f"inbox: error: {database_error_line(exc, url)}\n")
-        return EXIT_DATABASE_ERROR
     except Exception as exc:  # the CLI edge: one line, never a traceback
-        where = f"broker {mask_urls(broker)}" if broker else "error"
-        io.err.write(f"inbox: error: {where}: {mask_urls(first_line(exc))}\n")
+        if url is not None and (broker is None or isinstance(exc, SQLAlchemyError)):
+            io.err.write(f"inbox: error: {database_error_line(exc, url)}\n")
+            return EXIT_DATABASE_ERROR
+        io.err.write(
+            f"inbox: error: broker {mask_urls(str(broker))}: {mask_urls(first_line(exc))}\n"
+        )
         return EXIT_BROKER_ERROR
 
 

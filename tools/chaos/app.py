@@ -9,6 +9,10 @@ Faults the app injects into itself, from the environment (set by ``run.py``):
   end in the dead-letter queue; 0 = none);
 * ``CHAOS_KILL_IN_HANDLER``: probability of SIGKILL inside the handler, before the commit;
 * ``CHAOS_KILL_AFTER_COMMIT``: probability of SIGKILL after the commit, before the ack.
+* ``CHAOS_EFFECT_MODE`` (the effect stage, see effect_stage.py): when set, the handler first
+  calls a fake provider through ``inbox.effect`` in this mode; the provider is the file
+  ``CHAOS_PROVIDER_FILE``, one ``<op> <key>`` line per call;
+* ``CHAOS_KILL_IN_CALL``: probability of SIGKILL inside that call, after the provider has it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import random
 import signal
 import sys
+import uuid
 
 from chaos_tables import effects
 from sqlalchemy import create_engine, event, insert
@@ -28,6 +33,9 @@ FAIL_RATE = float(os.environ.get("CHAOS_FAIL_RATE", "0"))
 POISON_EVERY = int(os.environ.get("CHAOS_POISON_EVERY", "0"))
 KILL_IN_HANDLER = float(os.environ.get("CHAOS_KILL_IN_HANDLER", "0"))
 KILL_AFTER_COMMIT = float(os.environ.get("CHAOS_KILL_AFTER_COMMIT", "0"))
+EFFECT_MODE = os.environ.get("CHAOS_EFFECT_MODE") or None
+PROVIDER_FILE = os.environ.get("CHAOS_PROVIDER_FILE", "")
+KILL_IN_CALL = float(os.environ.get("CHAOS_KILL_IN_CALL", "0"))
 _KILL_FLAG = "chaos.kill_after_commit"
 
 engine = create_engine(os.environ["CHAOS_DATABASE_URL"], pool_size=2, pool_pre_ping=True)
@@ -47,9 +55,22 @@ def _after_commit(session: Session) -> None:
         _die("after-commit", op)
 
 
+def _provider_call(op: int, key: uuid.UUID) -> dict[str, str]:
+    descriptor = os.open(PROVIDER_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(descriptor, f"{op} {key}\n".encode())
+    finally:
+        os.close(descriptor)
+    if random.random() < KILL_IN_CALL:
+        _die("in-call", op)
+    return {"receipt": str(key)}
+
+
 @inbox.handler("op", name="ledger.apply")
 def apply(message: Message, session: Session) -> None:
     op = int(message.body["op"])
+    if EFFECT_MODE is not None:
+        inbox.effect("provider.call", lambda key: _provider_call(op, key), mode=EFFECT_MODE)
     session.execute(insert(effects).values(op=op, pid=os.getpid()))
     if POISON_EVERY and op % POISON_EVERY == 0:
         raise ValueError(f"operation {op} is poison")

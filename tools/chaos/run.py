@@ -43,6 +43,7 @@ from typing import Any
 
 from chaos_tables import effects, metadata
 from cluster_mode import CLUSTERS, ClusterMode
+from effect_stage import MODES, PROVIDER_FILE, effect_report, provider_calls, report_lines
 from kombu import Connection
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
@@ -81,6 +82,8 @@ class Settings:
     cluster: str | None = None
     replication: str = "sync"
     cluster_fault_interval: float = 8.0
+    effects: str | None = None
+    kill_in_call: float = 0.0
 
 
 @dataclass
@@ -173,6 +176,9 @@ class Workers:
             "CHAOS_POISON_EVERY": str(self.settings.poison_every),
             "CHAOS_KILL_IN_HANDLER": str(self.settings.kill_in_handler),
             "CHAOS_KILL_AFTER_COMMIT": str(self.settings.kill_after_commit),
+            "CHAOS_EFFECT_MODE": self.settings.effects or "",
+            "CHAOS_PROVIDER_FILE": str(self.logs / PROVIDER_FILE),
+            "CHAOS_KILL_IN_CALL": str(self.settings.kill_in_call),
         }
         with log.open("wb") as stderr:
             process = subprocess.Popen(
@@ -325,6 +331,7 @@ LOG_PATTERNS = {
     "dead_lettered": re.compile(r"dead-lettered to"),
     "self_kill_in_handler": re.compile(r"chaos: SIGKILL in-handler"),
     "self_kill_after_commit": re.compile(r"chaos: SIGKILL after-commit"),
+    "self_kill_in_call": re.compile(r"chaos: SIGKILL in-call"),
     "transient_db_retries": re.compile(r"transient database error"),
     "broker_reconnects": re.compile(r"Connection to broker lost|broker connection failed"),
 }
@@ -373,6 +380,9 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         may_lose = bool(mode and mode.postgres and not mode.synchronous)
         # Quorum queues report their depth a few seconds late: trust "empty" only after a while.
         quiet_needed = 6.0 if mode and mode.rabbit else 3.0 if may_lose else 0.0
+        # An at-most-once effect left uncertain is dead-lettered, never committed.
+        uncertain = settings.effects == "at-most-once"
+        quiet_needed = max(quiet_needed, 2.0 if uncertain else 0.0)
         quiet_since: float | None = None
         poison = {
             op
@@ -392,13 +402,17 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
                 mode.abort()
                 raise SystemExit(f"chaos: a cluster fault failed: {mode.errors[0]}")
             counts = ledger(engine)
-            settled = published.is_set() and (may_lose or len(counts) >= settings.ops - len(poison))
+            settled = published.is_set() and (
+                may_lose or uncertain or len(counts) >= settings.ops - len(poison)
+            )
             if settled:
                 depths = queue_depths(vhost_name, ctl)
                 busy = {q: n for q, n in depths.items() if q != f"{QUEUE}.dlq" and n}
                 quiet_since = None if busy else quiet_since or now
                 quiet = quiet_since is not None and now - quiet_since >= quiet_needed
-                if quiet and depths.get(f"{QUEUE}.dlq", 0) >= len(poison):
+                dead_letters = depths.get(f"{QUEUE}.dlq", 0)
+                accounted = not uncertain or len(counts) + dead_letters >= settings.ops
+                if quiet and dead_letters >= len(poison) and accounted:
                     break
             if now >= next_fault and not settled:
                 kind = rng.choice(
@@ -457,6 +471,7 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             **dict(run.faults),
             "self_kill_in_handler": from_logs.get("self_kill_in_handler", 0),
             "self_kill_after_commit": from_logs.get("self_kill_after_commit", 0),
+            "self_kill_in_call": from_logs.get("self_kill_in_call", 0),
             "handler_failures_injected": from_logs.get("failed_tries", 0),
         },
         "from_worker_logs": from_logs,
@@ -474,6 +489,9 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         "operations_per_second": round(settings.ops / wall, 1),
         "logs": str(logs),
     }
+    if settings.effects:
+        calls = provider_calls(logs / PROVIDER_FILE)
+        report["effects"] = effect_report(settings.effects, calls, counts, dead)
     if cluster_report is not None:
         report["cluster"] = cluster_report
         faults = report["faults_injected"]
@@ -486,6 +504,7 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         and all(n == 0 for n in final_depths.values())
         and all(code == 0 for code in exit_codes)
         and set(run.exits) <= {"SIGKILL"}  # a worker died only when the harness killed it
+        and report.get("effects", {}).get("sound", True)
     )
     report["exact"] = sound and not missing
     # With asynchronous replication a lost operation is the measured cost, not a bug.
@@ -548,6 +567,8 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     ]
     if "cluster" in report:
         lines.insert(-1, f"  cluster                       {report['cluster']}")
+    if "effects" in report:
+        lines[-1:-1] = report_lines(report["effects"])
     print("\n".join(lines))
 
 
@@ -572,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--replication", choices=["sync", "async"], default="sync")
     parser.add_argument("--cluster-fault-interval", type=float, default=8.0)
+    parser.add_argument(
+        "--effects", choices=MODES, default=None, help="the effect stage (effect_stage.py)"
+    )
+    parser.add_argument("--kill-in-call", type=float, default=0.002)
     args = parser.parse_args(argv)
     pg_cluster = args.cluster in ("postgres", "both")
     if pg_cluster and args.database != "postgresql":
@@ -594,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster=args.cluster,
         replication=args.replication,
         cluster_fault_interval=args.cluster_fault_interval,
+        effects=args.effects,
+        kill_in_call=args.kill_in_call if args.effects else 0.0,
     )
     report = chaos(settings)
     print_report(report, settings)

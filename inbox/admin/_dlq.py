@@ -181,7 +181,7 @@ def hold(channel: amqp.Channel, message: amqp.Message, dlq: str) -> None:
     headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
     returned = headers.get(_DELIVERY_COUNT)
     if isinstance(returned, int) and not isinstance(returned, bool) and returned >= _REFRESH_AT:
-        properties = dict(message.properties)
+        properties = {k: v for k, v in message.properties.items() if k not in DROPPED_PROPERTIES}
         properties["application_headers"] = {
             k: v for k, v in headers.items() if k != _DELIVERY_COUNT
         }

@@ -130,7 +130,8 @@ def test_audit_outside_the_transaction(inbox_sessions, inbox_database):
 
 
 @pytest.fixture
-def shop(pytester: pytest.Pytester) -> pytest.Pytester:
+def shop(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("INBOX_TESTING_DATABASE_URL", raising=False)  # SQLite unless a test says
     pytester.makepyfile(shop=SHOP, test_orders=USER_TESTS)
     pytester.syspathinsert()
     return pytester

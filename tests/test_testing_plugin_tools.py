@@ -189,7 +189,8 @@ def test_the_worker_harness_batches_too(inbox_sessions, inbox_worker_harness):
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester) -> pytest.Pytester:
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("INBOX_TESTING_DATABASE_URL", raising=False)  # SQLite unless a test says
     pytester.makepyfile(payments=PAYMENTS, test_payments=USER_TESTS)
     pytester.syspathinsert()
     return pytester

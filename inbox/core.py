@@ -148,7 +148,7 @@ class Inbox(InboxBase[Session]):
         self, step: str, call: EffectCall, *, mode: EffectMode | str = EffectMode.AT_LEAST_ONCE
     ) -> Any:
         """Make ``call(key)``, an effect outside the database (an SMS, a payment, an
-        e-mail), at most once per attempt chain of this handler and claim, and return its
+        e-mail), once for this handler's claim across all its attempts, and return its
         result; callable only from inside a handler of this inbox.
 
         The effect is (this handler's claim key, its name, ``step``); ``key`` is

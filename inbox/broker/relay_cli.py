@@ -30,9 +30,10 @@ from inbox._cli import (
     whole_number,
 )
 from inbox._startup import SchemaNotReady
+from inbox.broker._logging import LOG_FORMATS, configure_logging
 from inbox.broker._relay_rows import resolve_outbox_table
 from inbox.broker._signals import install_signal_handlers
-from inbox.broker.cli import BROKER_URL_ENV, _broker_connection, _configure_logging
+from inbox.broker.cli import BROKER_URL_ENV, _broker_connection
 from inbox.broker.connection import safe_uri
 from inbox.broker.relay import MAX_BATCH_SIZE, Relay, outbox_status
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
@@ -101,6 +102,9 @@ def _relay_parser() -> UsageParser:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="text", help="one line per record"
+    )
     return parser
 
 
@@ -148,7 +152,7 @@ def relay_main(
         err.write(parser.format_usage())
         err.write(f"inbox-relay: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
-    _configure_logging(args.log_level, False, err)
+    configure_logging(args.log_level, False, err, args.log_format)
     try:
         return _run(relay, args.connect_retries, err)
     finally:

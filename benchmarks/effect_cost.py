@@ -14,6 +14,7 @@ beside them. Time is the median over A/B-alternated rounds of the per-message wa
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pymysql
+import pymysql  # type: ignore[import-untyped]
 from common import (
     DEFAULT_DATABASE,
     DEFAULT_MARIADB,
@@ -71,7 +72,7 @@ class Counts:
             counts._commands += 1
             return original(connection, command, sql)
 
-        pymysql.connections.Connection._execute_command = counted  # type: ignore[method-assign]
+        pymysql.connections.Connection._execute_command = counted
 
     def round_trips(self) -> int:
         if self.engine.dialect.name != "postgresql":
@@ -97,7 +98,7 @@ def make_inbox(engine: Engine, with_effect: bool) -> Inbox:
 
 def run_variant(inbox: Inbox, messages: int) -> float:
     """Seconds per message over ``messages`` fresh messages."""
-    batch = [Message.new("bench", {}) for _ in range(messages)]
+    batch: list[Message] = [Message.new("bench", {}) for _ in range(messages)]
     started = time.perf_counter()
     for message in batch:
         inbox.process(message)
@@ -110,7 +111,7 @@ def measure(url: str, messages: int, rounds: int) -> dict[str, Any]:
         for name, with_effect in (("without", False), ("with effect", True)):
             inbox = make_inbox(engine, with_effect)
             run_variant(inbox, 50)  # warm the pool, caches, prepared statements
-            variants[name] = lambda inbox=inbox: run_variant(inbox, messages)
+            variants[name] = functools.partial(run_variant, inbox, messages)
         seconds: dict[str, list[float]] = {name: [] for name in variants}
         for round_number in range(rounds):
             for name in alternate(round_number, list(variants)):

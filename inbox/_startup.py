@@ -32,6 +32,7 @@ __all__ = [
     "INBOX_VERSION_TABLE",
     "SchemaNotReady",
     "check_schema",
+    "effect_store",
     "inbox_engine",
     "inbox_revisions",
     "required_revision",
@@ -217,5 +218,25 @@ def worker_engine(inbox: InboxBase[Any]) -> Engine | None:
 
 
 def worker_tables(inbox: InboxBase[Any]) -> tuple[Table, ...]:
-    """The tables a worker for ``inbox`` uses: its claim table and the effect table."""
-    return (inbox.table, inbox_effect)
+    """The tables a worker for ``inbox`` uses in the inbox's database: its claim table, and
+    its effect table unless the effects are kept in a store of their own."""
+    store, table = _effects_of(inbox)
+    return (inbox.table,) if store is not None else (inbox.table, table)
+
+
+def effect_store(inbox: InboxBase[Any]) -> tuple[Engine, Table] | None:
+    """The engine and effect table of an inbox whose effects are kept in a store of its own
+    (``effect_store=``), to check beside the inbox's database; None otherwise."""
+    store, table = _effects_of(inbox)
+    return None if store is None else (store, table)
+
+
+def _effects_of(inbox: InboxBase[Any]) -> tuple[Engine | None, Table]:
+    effects = getattr(inbox, "_effects", None)  # the inbox's Effects: its store and ledger
+    ledger = getattr(effects, "ledger", None)
+    table = getattr(ledger, "table", None)
+    store = getattr(effects, "_store", None)
+    return (
+        store if isinstance(store, Engine) else None,
+        table if isinstance(table, Table) else inbox_effect,
+    )

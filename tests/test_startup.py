@@ -345,3 +345,39 @@ def test_only_an_unreachable_server_is_waited_for(url: str, waiting_helps: bool)
         engine.dispose()
 
     assert _unreachable(raised.value) is waiting_helps
+
+
+STORE_APP = """
+    import os
+
+    import sqlalchemy as sa
+    from sqlalchemy.orm import sessionmaker
+
+    from inbox import Inbox
+
+    inbox = Inbox(
+        sessionmaker(sa.create_engine(os.environ["STARTUP_APP_URL"])),
+        effect_store=sa.create_engine(os.environ["STARTUP_STORE_URL"]),
+        effect_table="app_effects",
+    )
+"""
+
+
+def test_an_effect_store_of_its_own_is_checked_for_its_effect_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "store_app.py").write_text(textwrap.dedent(STORE_APP))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "store_app", raising=False)
+    inbox_db = create_engine(f"sqlite:///{tmp_path / 'inbox.db'}")
+    inbox_message.create(inbox_db)  # no effect table here: the effects live in the store
+    inbox_db.dispose()
+    monkeypatch.setenv("STARTUP_APP_URL", f"sqlite:///{tmp_path / 'inbox.db'}")
+    monkeypatch.setenv("STARTUP_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    argv = ["store_app:inbox", "--broker", "memory://", "--queue", "q", "--connect-retries", "0"]
+    err = io.StringIO()
+
+    assert worker_main(argv, stderr=err) == 1
+
+    [line] = [x for x in err.getvalue().splitlines() if x.startswith("inbox-worker:")]
+    assert line.startswith("inbox-worker: error: table app_effects does not exist: ")

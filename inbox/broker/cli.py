@@ -33,7 +33,13 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox._startup import SchemaNotReady, wait_for_schema, worker_engine, worker_tables
+from inbox._startup import (
+    SchemaNotReady,
+    effect_store,
+    wait_for_schema,
+    worker_engine,
+    worker_tables,
+)
 from inbox.broker._health_cli import add_health_arguments, health_server
 from inbox.broker._logging import LOG_FORMATS, configure_logging
 from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
@@ -277,12 +283,16 @@ def _schema_error(inbox: Inbox, retries: int) -> str | None:
     engine = worker_engine(inbox)
     if engine is None:
         return None
-    try:
-        wait_for_schema(engine, worker_tables(inbox), retries=retries)
-    except SchemaNotReady as exc:
-        return str(exc)
-    except Exception as exc:  # unreachable, refused: one line, never a traceback
-        return database_error_line(exc, engine.url)
+    checks = [(engine, worker_tables(inbox))]
+    if (store := effect_store(inbox)) is not None:
+        checks.append((store[0], (store[1],)))
+    for checked, tables in checks:
+        try:
+            wait_for_schema(checked, tables, retries=retries)
+        except SchemaNotReady as exc:
+            return str(exc)
+        except Exception as exc:  # unreachable, refused: one line, never a traceback
+            return database_error_line(exc, checked.url)
     return None
 
 

@@ -366,3 +366,31 @@ def test_the_documented_grants_are_enough(pg_db: Database) -> None:
             connection.execute(text(f"DROP OWNED BY {role}"))
             connection.execute(text(f"DROP ROLE {role}"))
     assert inbox.process(message).outcomes["ops.apply"] is Outcome.PROCESSED
+
+
+def test_release_clears_the_records_of_real_effects_so_they_are_called_again(
+    server_db: Database,
+) -> None:
+    inbox = Inbox(server_db.sessions)
+    calls: list[uuid.UUID] = []
+
+    @inbox.handler("order.created", name="billing.charge", key=lambda m: f"charge-{m.body['ref']}")
+    def charge(message: Message, session: Session) -> None:
+        inbox.effect("card", lambda key: calls.append(key) or "ok")
+        record_effect(message, session, "billing.charge")
+
+    message = order("49")
+    inbox.process(message)
+    code, out, _ = run(server_db, "show", "charge-49")
+    assert code == 0
+    assert "effect billing.charge step 'card': done, 1 attempt(s)" in out
+    inbox.process(message)
+    assert len(calls) == 1  # a duplicate: neither the handler nor the effect runs
+
+    code, out, _ = run(server_db, "release", "charge-49", "--handler", "billing.charge", "--yes")
+
+    assert code == 0
+    assert "released: 1 claim(s) and 1 effect record(s) of billing.charge" in out
+    inbox.process(message)
+    assert len(calls) == 2
+    assert calls[0] == calls[1]  # the same key: the card processor deduplicates by it

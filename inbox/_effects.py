@@ -28,7 +28,7 @@ from inbox._effect_ledger import (
     validate_step,
 )
 from inbox._effect_run import HandlerRun, current_run
-from inbox._retry import Backoff, run_with_retries
+from inbox._retry import Backoff, is_transient, run_with_retries
 from inbox.errors import EffectError, UnsupportedDialect
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, effect_table, inbox_effect
 
@@ -40,6 +40,7 @@ __all__ = [
     "encode_result",
     "refuse_sqlite_claim_store",
     "resolve_effect_table",
+    "result_refused",
 ]
 
 logger = logging.getLogger("inbox.effects")
@@ -105,7 +106,8 @@ def encode_result(ref: EffectRef, result: object) -> tuple[str | None, EffectErr
     """The JSON text to store for ``result``, or (None, the error to raise) when it cannot
     be stored: the call was made, so that is recorded as done without a result."""
     try:
-        return json.dumps(result, allow_nan=False, ensure_ascii=False), None
+        # ASCII escapes: any text (a lone surrogate too) fits every column and driver.
+        return json.dumps(result, allow_nan=False), None
     except (TypeError, ValueError, RecursionError) as exc:
         error = EffectError(
             f"effect {ref.step!r} of handler {ref.handler!r} returned a result that cannot "
@@ -115,6 +117,17 @@ def encode_result(ref: EffectRef, result: object) -> tuple[str | None, EffectErr
         )
         error.__cause__ = exc
         return None, error
+
+
+def result_refused(ref: EffectRef, exc: Exception) -> EffectError:
+    """The error for a result the database refused to store (too large for the column or
+    the connection): the call was made, so it is recorded done without its result."""
+    return EffectError(
+        f"effect {ref.step!r} of handler {ref.handler!r}: the database refused to store its "
+        f"result ({describe_error(exc)}). The call was made and is recorded done without its "
+        "result: it will not be made again, and every later attempt raises UncertainEffect "
+        "until a person releases the record"
+    )
 
 
 def describe_error(exc: BaseException) -> str:
@@ -179,7 +192,13 @@ class Effects:
             self._record_failure(engine, ref, begun, error)
             raise error
         text, unstorable = encode_result(ref, result)
-        self._retrying(ref, lambda: self._finish(engine, ref, begun, text))
+        try:
+            self._retrying(ref, lambda: self._finish(engine, ref, begun, text))
+        except Exception as refused:
+            if text is None or is_transient(refused):
+                raise  # still 'started': the next attempt decides by the mode
+            self._retrying(ref, lambda: self._finish(engine, ref, begun, None))
+            raise result_refused(ref, refused) from refused
         if unstorable is not None:
             raise unstorable
         assert text is not None

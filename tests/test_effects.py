@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, insert
+from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import Database, effects
 from support.effects import order
@@ -28,7 +28,7 @@ from inbox import (
     UncertainEffect,
     UnsupportedDialect,
 )
-from inbox.schema import metadata
+from inbox.schema import effect_table, metadata
 
 
 class Setup:
@@ -446,10 +446,6 @@ def test_effect_store_must_be_a_blocking_engine(db: Database) -> None:
 
 
 def test_an_effect_table_with_another_name(db: Database, tmp_path: Path) -> None:
-    from sqlalchemy import MetaData
-
-    from inbox.schema import effect_table
-
     store = effect_store(db, tmp_path)
     target: Engine = db.engine if store is None else store
     table = effect_table(MetaData(), "sms_effects")
@@ -465,3 +461,41 @@ def test_an_effect_table_with_another_name(db: Database, tmp_path: Path) -> None
     with target.connect() as connection:
         assert connection.execute(table.select()).one().status == "done"
     assert records(target) == []
+
+
+def test_a_result_the_database_refuses_is_never_called_again(server_db: Database) -> None:
+    """A result too large for the column (here a narrow one): the call was made, so the
+    record becomes done without a result, and no later attempt calls again."""
+    full = effect_table(MetaData(), "narrow_effects")
+    narrow = Table(
+        "narrow_effects",
+        MetaData(),
+        *(
+            Column(
+                c.name,
+                String(10) if c.name == "result" else c.type,
+                primary_key=c.primary_key,
+                nullable=c.nullable,
+            )
+            for c in full.columns
+        ),
+    )
+    narrow.create(server_db.engine)
+    inbox = Inbox(server_db.sessions, effect_table=narrow)
+    provider = Provider()
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send_sms(message: Message, session: Session) -> None:
+        inbox.effect("provider.send", provider.send)
+
+    message = order("m1", "sms.requested")
+    failed = deliver(inbox, message)
+    assert isinstance(failed, HandlerFailed)
+    assert "refused to store its result" in str(failed.failures["sms.send"])
+    again = deliver(inbox, message)
+    assert isinstance(again, HandlerFailed)
+    assert isinstance(again.failures["sms.send"], UncertainEffect)
+    assert len(provider.calls) == 1
+    with server_db.engine.connect() as connection:
+        row = connection.execute(narrow.select()).one()
+    assert (row.status, row.result) == ("done", None)

@@ -23,8 +23,9 @@ from inbox._effects import (
     now,
     refuse_sqlite_claim_store,
     resolve_effect_table,
+    result_refused,
 )
-from inbox._retry import Backoff
+from inbox._retry import Backoff, is_transient
 from inbox.aio._completion import run_to_completion
 from inbox.aio._retry import run_with_retries
 
@@ -81,9 +82,17 @@ class AsyncEffects:
         finally:
             run.entered.discard(ref.step)
         text, unstorable = encode_result(ref, result)
-        finished = await self._retrying(
-            ref, lambda: self._on(engine, self.ledger.finish, ref, begun.attempt, text, now())
-        )
+        try:
+            finished = await self._retrying(
+                ref, lambda: self._on(engine, self.ledger.finish, ref, begun.attempt, text, now())
+            )
+        except Exception as refused:
+            if text is None or is_transient(refused):
+                raise  # still 'started': the next attempt decides by the mode
+            await self._retrying(
+                ref, lambda: self._on(engine, self.ledger.finish, ref, begun.attempt, None, now())
+            )
+            raise result_refused(ref, refused) from refused
         if not finished:
             log_superseded(ref, begun)
         if unstorable is not None:

@@ -1,7 +1,7 @@
 """The app the admin and log tests run in ``inbox-worker admin_app:inbox`` subprocesses.
 
-One handler, ``ops.apply`` for type ``op``, records one effects row (ref = ``body["ref"]``),
-except:
+Two handlers for type ``op``: ``ops.audit`` records one effects row (ref = ``body["ref"]``)
+and never fails; ``ops.apply`` records one too, except:
 
 * a ref starting with ``bad`` raises ValueError while the file ``ADMIN_APP_POISON_FILE``
   exists (a poison message, until the cause is fixed by removing the file);
@@ -25,6 +25,7 @@ from support.effects import record_effect
 from inbox import Inbox, Message
 
 HANDLER: Final = "ops.apply"
+AUDIT: Final = "ops.audit"
 MESSAGE_TYPE: Final = "op"
 CUSTOMER: Final = "Zelda Quaxington, 12 Elm Street"
 
@@ -35,8 +36,13 @@ def make_inbox() -> Inbox:
     if not url:
         raise RuntimeError("admin_app needs ADMIN_APP_DATABASE_URL (the test database URL)")
     inbox = Inbox(sessionmaker(create_engine(url)))
+    inbox.handler(MESSAGE_TYPE, name=AUDIT)(audit)
     inbox.handler(MESSAGE_TYPE, name=HANDLER)(apply)
     return inbox
+
+
+def audit(message: Message, session: Session) -> None:
+    record_effect(message, session, AUDIT)
 
 
 def apply(message: Message, session: Session) -> None:

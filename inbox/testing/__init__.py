@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from inbox.testing._databases import DATABASE_URL_ENV, ThrowawayDatabase, throwaway_database
-    from inbox.testing.asserts import NotIdempotent, assert_idempotent
+    from inbox.testing.asserts import NotIdempotent, assert_idempotent, assert_idempotent_async
     from inbox.testing.fakes import FakeProvider, FakeProviderError
     from inbox.testing.harness import DeadLetterCopy, WorkerHarness
 
@@ -29,6 +29,7 @@ __all__ = [
     "ThrowawayDatabase",
     "WorkerHarness",
     "assert_idempotent",
+    "assert_idempotent_async",
     "throwaway_database",
 ]
 
@@ -38,6 +39,7 @@ _HOMES = {
     "throwaway_database": "inbox.testing._databases",
     "NotIdempotent": "inbox.testing.asserts",
     "assert_idempotent": "inbox.testing.asserts",
+    "assert_idempotent_async": "inbox.testing.asserts",
     "FakeProvider": "inbox.testing.fakes",
     "FakeProviderError": "inbox.testing.fakes",
     "DeadLetterCopy": "inbox.testing.harness",

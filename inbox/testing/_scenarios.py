@@ -1,4 +1,5 @@
-"""The deliveries ``assert_idempotent`` puts a message through, as the real world would.
+"""The deliveries ``assert_idempotent`` puts a message through, as the real world would, as
+generators of steps that do no I/O: a blocking and an async driver run the same ones.
 
 Failures are injected by running the inbox with a patched copy of its handler table: the
 chosen handler's function is wrapped so that, once the user's function has returned (its
@@ -12,19 +13,28 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeAlias
 
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection
 
-from inbox._handlers import HandlerFunc, Registry
-from inbox.core import Inbox
+from inbox._handlers import HandlerFunc, Registry, is_coroutine_callable
+from inbox._registration import InboxBase
 from inbox.errors import HandlerFailed
-from inbox.message import Message
-from inbox.result import Outcome
+from inbox.result import Outcome, ProcessResult
 
-__all__ = ["InjectedFailure", "Scenario", "SimulatedCrash", "scenarios"]
+__all__ = [
+    "Deliver",
+    "InjectedFailure",
+    "OnDatabase",
+    "Scenario",
+    "SimulatedCrash",
+    "Steps",
+    "raising_after",
+    "scenarios",
+]
 
 _CORE_LOG = logging.getLogger("inbox.core")
 
@@ -40,34 +50,56 @@ class SimulatedCrash(SystemExit):
 
 
 @dataclass(frozen=True)
+class Deliver:
+    """Step: run the message through ``inbox.process`` (with ``failing`` raising ``error``
+    once it ran); the driver sends back the result or throws in what was raised."""
+
+    failing: str | None = None
+    error: type[InjectedFailure] | type[SimulatedCrash] = InjectedFailure
+
+
+@dataclass(frozen=True)
+class OnDatabase:
+    """Step: call ``work`` with a connection (in a transaction committed after it) on the
+    database ``index`` (0: the inbox's, then the separate effect store); its return value
+    is sent back."""
+
+    index: int
+    work: Callable[[Connection], Any] = field(repr=False)
+
+
+Step: TypeAlias = Deliver | OnDatabase
+Steps: TypeAlias = Generator[Step, Any, list[str]]
+"""Steps that end with remarks on what the inbox reported (empty when nothing is amiss)."""
+
+
+@dataclass(frozen=True)
 class Scenario:
-    """A way the message reaches the handlers: ``deliver`` runs it and returns remarks on
-    what the inbox reported (empty when nothing is amiss); ``between`` runs between two
-    deliveries of one scenario (the caller's reset of auto-increment counters)."""
+    """A way the message reaches the handlers: ``steps(between)`` makes its steps, where
+    ``between()`` makes those to take between two deliveries of one scenario."""
 
     title: str
-    deliver: Callable[[Callable[[], None]], list[str]]
+    steps: Callable[[Callable[[], Generator[Step, Any, None]]], Steps]
 
 
-def scenarios(inbox: Inbox, message: Message) -> Iterator[Scenario]:
-    """Twice in a row; then, per handler that takes ``message``, a redelivery after a
-    failure injected once it ran, and a redelivery after a crash before its commit."""
-    yield Scenario("delivered twice", functools.partial(_twice, inbox, message))
-    for handler in inbox._registry.for_type(message.type):
-        name = handler.name
+def scenarios(handlers: Sequence[str]) -> Iterator[Scenario]:
+    """Twice in a row; then, per handler that takes the message (``handlers``), a
+    redelivery after a failure injected once it ran and after a crash before its commit."""
+    yield Scenario("delivered twice", _twice)
+    for name in handlers:
         yield Scenario(
             f"redelivered after {name} failed once it had run (its transaction rolled back)",
-            functools.partial(_after_failure, inbox, message, name),
+            functools.partial(_after, name, InjectedFailure),
         )
         yield Scenario(
             f"redelivered after a crash before {name} committed",
-            functools.partial(_after_crash, inbox, message, name),
+            functools.partial(_after, name, SimulatedCrash),
         )
 
 
-def _twice(inbox: Inbox, message: Message, _between: Callable[[], None]) -> list[str]:
-    inbox.process(message)
-    again = inbox.process(message)
+def _twice(_between: Callable[[], Generator[Step, Any, None]]) -> Steps:
+    yield Deliver()
+    again: ProcessResult = yield Deliver()
     return [
         f"the second delivery ran {name} again (its claim key changed between deliveries: "
         "is its key= function a function of the message alone?)"
@@ -76,49 +108,39 @@ def _twice(inbox: Inbox, message: Message, _between: Callable[[], None]) -> list
     ]
 
 
-def _after_failure(
-    inbox: Inbox, message: Message, name: str, between: Callable[[], None]
-) -> list[str]:
+def _after(
+    name: str,
+    error: type[InjectedFailure] | type[SimulatedCrash],
+    between: Callable[[], Generator[Step, Any, None]],
+) -> Steps:
     remarks = []
-    with _raising_after(inbox, name, InjectedFailure):
-        try:
-            inbox.process(message)
-        except HandlerFailed as failed:
-            if not isinstance(failed.failures.get(name), InjectedFailure):
-                remarks.append(f"the first delivery failed otherwise: {failed}")
-        else:
-            remarks.append(f"the failure injected after {name} did not reach the inbox")
-    between()
-    inbox.process(message)
-    return remarks
-
-
-def _after_crash(
-    inbox: Inbox, message: Message, name: str, between: Callable[[], None]
-) -> list[str]:
-    remarks = []
-    with _raising_after(inbox, name, SimulatedCrash):
-        try:
-            inbox.process(message)
-        except SimulatedCrash:
-            pass
-        else:
-            remarks.append(f"the crash simulated before {name} committed did not happen")
-    between()
-    inbox.process(message)
+    what = "failure injected" if error is InjectedFailure else "crash simulated"
+    try:
+        yield Deliver(name, error)
+    except HandlerFailed as failed:
+        if error is SimulatedCrash or not isinstance(failed.failures.get(name), error):
+            remarks.append(f"the first delivery failed otherwise: {failed}")
+    except SimulatedCrash:
+        pass
+    else:
+        remarks.append(f"the {what} after {name} ran did not reach the inbox")
+    yield from between()
+    yield Deliver()
     return remarks
 
 
 @contextmanager
-def _raising_after(
-    inbox: Inbox, name: str, error: type[InjectedFailure] | type[SimulatedCrash]
-) -> Iterator[None]:
-    """Run ``inbox`` with handler ``name`` raising ``error`` once its function returned."""
+def raising_after(inbox: InboxBase[Any], step: Deliver) -> Iterator[None]:
+    """Run ``inbox`` with handler ``step.failing`` raising ``step.error`` once its function
+    returned (as it is, when no handler is to fail)."""
+    if step.failing is None:
+        yield
+        return
     original = inbox._registry
     patched = Registry()
     for handler in original:
-        wrapped = _then_raise(handler.func, name, error)
-        patched.add(replace(handler, func=wrapped) if handler.name == name else handler)
+        wrapped = _then_raise(handler.func, step.failing, step.error)
+        patched.add(replace(handler, func=wrapped) if handler.name == step.failing else handler)
     # process() routes through this attribute at every call; a test runs one delivery at
     # a time, so swapping it for the delivery is safe.
     inbox._registry = patched
@@ -130,18 +152,27 @@ def _raising_after(
         inbox._registry = original
 
 
+def _then_raise(
+    func: HandlerFunc, name: str, error: type[InjectedFailure] | type[SimulatedCrash]
+) -> HandlerFunc:
+    why = f"injected by assert_idempotent after {name} ran"
+    if is_coroutine_callable(func):
+
+        async def await_then_raise(message: Any, session: Any) -> object:
+            await func(message, session)  # type: ignore[misc]
+            raise error(why)
+
+        return await_then_raise
+
+    def run_then_raise(message: Any, session: Any) -> object:
+        func(message, session)
+        raise error(why)
+
+    return run_then_raise
+
+
 def _hide_injected(record: logging.LogRecord) -> bool:
     """Keep the inbox's log of a failed handler for real failures only: the ones injected
     here would fill a failing test's captured log with tracebacks of no interest."""
     raised = record.exc_info[1] if record.exc_info else None
     return not isinstance(raised, InjectedFailure | SimulatedCrash)
-
-
-def _then_raise(
-    func: HandlerFunc, name: str, error: type[InjectedFailure] | type[SimulatedCrash]
-) -> HandlerFunc:
-    def run_then_raise(message: Message, session: Session) -> object:
-        func(message, session)
-        raise error(f"injected by assert_idempotent after {name} ran")
-
-    return run_then_raise

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, select, text
+from sqlalchemy import Connection, MetaData, Table, delete, func, insert, select, text
 
 __all__ = ["Database", "Rows", "Snapshot"]
 
@@ -28,18 +28,18 @@ class Snapshot:
 
 
 class Database:
-    """The tables of one engine's database (its default schema and ``schemas``), reflected
-    once; a table is known by its key, ``name`` or ``schema.name``."""
+    """The tables of one database (its default schema and ``schemas``), reflected once on
+    ``connection``; a table is known by its key, ``name`` or ``schema.name``. Every method
+    that reads or writes takes the connection to do it on (one of a blocking engine, or the
+    blocking side of an async one)."""
 
-    def __init__(self, engine: Engine, schemas: Iterable[str | None] = (None,)) -> None:
-        self.engine = engine
+    def __init__(self, connection: Connection, schemas: Iterable[str | None] = (None,)) -> None:
         self.metadata = MetaData()
         for schema in dict.fromkeys(schemas):
-            self.metadata.reflect(engine, schema=schema)
-        self._serial: dict[str, list[str]] = {}
-        with engine.connect() as connection:
-            for table in self.metadata.sorted_tables:
-                self._serial[table.key] = _counted_columns(connection, table)
+            self.metadata.reflect(connection, schema=schema)
+        self._serial = {
+            table.key: _counted_columns(connection, table) for table in self.metadata.sorted_tables
+        }
 
     def table(self, name: str) -> Table:
         """The reflected table ``name``; ValueError naming the tables there are."""
@@ -52,45 +52,40 @@ class Database:
     def rows(self, snapshot: Snapshot, name: str, ignored: Iterable[str]) -> tuple[list[str], Rows]:
         """The compared columns of table ``name`` and its rows in ``snapshot`` over them."""
         skip = set(ignored)
-        columns = [c.name for c in self.table(name).columns if c.name not in skip]
+        table = self.table(name)
+        columns = [c.name for c in table.columns if c.name not in skip]
         return columns, Counter(
-            tuple(_hashable(row[c]) for c in columns) for row in snapshot.rows[self.table(name).key]
+            tuple(_hashable(row[c]) for c in columns) for row in snapshot.rows[table.key]
         )
 
-    def capture(self) -> Snapshot:
+    def capture(self, connection: Connection) -> Snapshot:
         """Read every table."""
-        with self.engine.connect() as connection:
-            return Snapshot(
-                {
-                    table.key: [dict(row._mapping) for row in connection.execute(select(table))]
-                    for table in self.metadata.sorted_tables
-                }
-            )
+        return Snapshot(
+            {
+                table.key: [dict(row._mapping) for row in connection.execute(select(table))]
+                for table in self.metadata.sorted_tables
+            }
+        )
 
-    def restore(self, snapshot: Snapshot) -> None:
+    def restore(self, connection: Connection, snapshot: Snapshot) -> None:
         """Make every table hold exactly the rows of ``snapshot`` again."""
         tables = self.metadata.sorted_tables
-        with self.engine.begin() as connection:
-            for table in reversed(tables):
-                connection.execute(delete(table))
-            for table in tables:
-                if snapshot.rows[table.key]:
-                    connection.execute(insert(table), snapshot.rows[table.key])
-        self.reset_counters()
+        for table in reversed(tables):
+            connection.execute(delete(table))
+        for table in tables:
+            if snapshot.rows[table.key]:
+                connection.execute(insert(table), snapshot.rows[table.key])
+        self.reset_counters(connection)
 
-    def reset_counters(self) -> None:
+    def reset_counters(self, connection: Connection) -> None:
         """Set every auto-increment counter just above its column's highest value: the
         numbers a rolled-back attempt used up are handed out again, so a redelivery numbers
         its rows as a first delivery would."""
+        dialect = connection.dialect.name
         for table in self.metadata.sorted_tables:
-            self._reset_counter(table)
-
-    def _reset_counter(self, table: Table) -> None:
-        dialect = self.engine.dialect.name
-        columns = self._serial[table.key]
-        if not columns:
-            return
-        with self.engine.begin() as connection:
+            columns = self._serial[table.key]
+            if not columns:
+                continue
             if dialect == "postgresql":
                 for column in columns:
                     sequence = connection.scalar(
@@ -100,7 +95,8 @@ class Database:
                     connection.execute(select(func.setval(sequence, (highest or 0) + 1, False)))
             elif dialect in ("mysql", "mariadb"):
                 # InnoDB moves a counter set below the highest value up to just above it.
-                name = connection.dialect.identifier_preparer.format_table(table)
+                # (ALTER TABLE commits: the rows written before it are meant to stay.)
+                name = _qualified(connection, table)
                 connection.execute(text(f"ALTER TABLE {name} AUTO_INCREMENT = 1"))
             else:  # SQLite AUTOINCREMENT: without its row, the next id is max(rowid) + 1
                 connection.execute(

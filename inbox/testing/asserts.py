@@ -5,22 +5,29 @@ the database as it was when the assertion was called: once cleanly (the referenc
 a row, and, per handler that takes it, redelivered after a failure injected once the handler
 had run and after a simulated crash before its commit (see :mod:`inbox.testing._scenarios`).
 Where a run leaves the chosen tables different from the clean run, the assertion fails with
-the rows that differ.
+the rows that differ. The steps do no I/O; :mod:`inbox.testing._drive` runs them blocking
+or awaited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Final
+import functools
+from collections.abc import Collection, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Table
 
+from inbox._registration import InboxBase
 from inbox.core import Inbox
 from inbox.message import Message
-from inbox.testing._scenarios import scenarios
+from inbox.testing._drive import async_engines_of, drive, drive_async, engines_of
+from inbox.testing._scenarios import Deliver, OnDatabase, Step, scenarios
 from inbox.testing._snapshot import Database, Snapshot
 
-__all__ = ["NotIdempotent", "assert_idempotent"]
+if TYPE_CHECKING:
+    from inbox.aio import AsyncInbox
+
+__all__ = ["NotIdempotent", "assert_idempotent", "assert_idempotent_async"]
 
 _ROWS_SHOWN: Final = 10
 
@@ -50,74 +57,107 @@ def assert_idempotent(
     Handlers run for real, through ``inbox.process``: writes outside the inbox's session
     (another connection, another engine on the same database) are seen, and are what this
     catches. Needs a database of its own for the test (the ``inbox_database`` fixture).
+    For an ``AsyncInbox``, ``await assert_idempotent_async(...)``.
     """
     __tracebackhide__ = True
     if not isinstance(inbox, Inbox):
         raise TypeError(
             f"assert_idempotent() takes an inbox.Inbox, got {type(inbox).__name__} "
-            "(an AsyncInbox is not supported yet)"
+            "(for an AsyncInbox: await assert_idempotent_async(...))"
         )
+    _check(inbox, message)
+    engines = engines_of(inbox)
+    drive(inbox, message, engines, _flow(inbox, message, tables, ignore_columns, len(engines)))
+
+
+async def assert_idempotent_async(
+    inbox: AsyncInbox,
+    message: Message,
+    *,
+    tables: Sequence[str | Table],
+    ignore_columns: Collection[str] = (),
+) -> None:
+    """:func:`assert_idempotent` for an :class:`~inbox.aio.AsyncInbox`, awaited."""
+    __tracebackhide__ = True
+    from inbox.aio import AsyncInbox
+
+    if not isinstance(inbox, AsyncInbox):
+        raise TypeError(
+            f"assert_idempotent_async() takes an inbox.aio.AsyncInbox, got "
+            f"{type(inbox).__name__} (for an Inbox: assert_idempotent(...))"
+        )
+    _check(inbox, message)
+    engines = await async_engines_of(inbox)
+    flow = _flow(inbox, message, tables, ignore_columns, len(engines))
+    await drive_async(inbox, message, engines, flow)
+
+
+def _check(inbox: InboxBase[Any], message: object) -> None:
     if not isinstance(message, Message):
         raise TypeError(f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}")
     if not inbox._registry.for_type(message.type):
         raise ValueError(
             f"no handler of this inbox takes messages of type {message.type!r}: nothing to check"
         )
-    database = Database(_engine_of(inbox), (None, inbox.table.schema))
-    compared = _compared(database, tables, ignore_columns)
-    stores = [Database(e) for e in _other_engines(inbox, database.engine)]
-    at_call = [d.capture() for d in (database, *stores)]
 
-    def fresh() -> None:
-        for each, snapshot in zip((database, *stores), at_call, strict=True):
-            each.restore(snapshot)
 
-    def between() -> None:
-        for each in (database, *stores):
-            each.reset_counters()
+def _flow(
+    inbox: InboxBase[Any],
+    message: Message,
+    tables: Sequence[str | Table],
+    ignore_columns: Collection[str],
+    databases: int,
+) -> Generator[Step, Any, None]:
+    __tracebackhide__ = True
+    schemas = (None, inbox.table.schema)
+    found: list[Database] = []
+    for index in range(databases):
+        found.append((yield OnDatabase(index, functools.partial(Database, schemas=schemas))))
+    main = found[0]
+    compared = _compared(main, tables, ignore_columns)
+    at_call = yield from _capture(found)
 
-    fresh()
+    def put_back(snapshots: list[Snapshot]) -> Generator[Step, Any, None]:
+        for index, (database, snapshot) in enumerate(zip(found, snapshots, strict=True)):
+            yield OnDatabase(index, functools.partial(database.restore, snapshot=snapshot))
+
+    def between() -> Generator[Step, Any, None]:
+        for index, database in enumerate(found):
+            yield OnDatabase(index, database.reset_counters)
+
+    yield from put_back(at_call)
     try:
-        inbox.process(message)
+        yield Deliver()
     except Exception as exc:
-        fresh()
+        yield from put_back(at_call)
         raise NotIdempotent(
             f"message {message.id} (type {message.type!r}) fails on a clean run, so its "
             f"redeliveries cannot be judged: {type(exc).__name__}: {exc}"
         ) from exc
-    reference = database.capture()
-    after_clean = [reference, *(store.capture() for store in stores)]
+    after_clean = yield from _capture(found)
     findings: list[str] = []
-    for scenario in scenarios(inbox, message):
-        fresh()
+    for scenario in scenarios([h.name for h in inbox._registry.for_type(message.type)]):
+        yield from put_back(at_call)
         try:
-            remarks = scenario.deliver(between)
+            remarks = yield from scenario.steps(between)
         except Exception as exc:
             findings.append(f"{scenario.title}:\n  it raised {type(exc).__name__}: {exc}")
             continue
-        differences = _differences(database, reference, database.capture(), compared)
+        now: Snapshot = yield OnDatabase(0, main.capture)
+        differences = _differences(main, after_clean[0], now, compared)
         if differences or remarks:
             lines = [f"  {remark}" for remark in remarks] + differences
             findings.append(f"{scenario.title}:\n" + "\n".join(lines))
-    for each, snapshot in zip((database, *stores), after_clean, strict=True):
-        each.restore(snapshot)
+    yield from put_back(after_clean)
     if findings:
         raise NotIdempotent(_report(message, compared, findings))
 
 
-def _engine_of(inbox: Inbox) -> Engine:
-    session = inbox._session_factory()
-    try:
-        bind = session.get_bind(clause=inbox._claims.bind_clause)
-    finally:
-        session.close()
-    return bind if isinstance(bind, Engine) else bind.engine
-
-
-def _other_engines(inbox: Inbox, engine: Engine) -> list[Engine]:
-    """The effect store, when it is a database of its own: it is put back too."""
-    store = getattr(getattr(inbox, "_effects", None), "_store", None)
-    return [store] if isinstance(store, Engine) and store.url != engine.url else []
+def _capture(databases: list[Database]) -> Generator[Step, Any, list[Snapshot]]:
+    snapshots: list[Snapshot] = []
+    for index, database in enumerate(databases):
+        snapshots.append((yield OnDatabase(index, database.capture)))
+    return snapshots
 
 
 def _compared(

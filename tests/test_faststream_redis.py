@@ -97,3 +97,46 @@ def test_redis_streams_process_once_retry_in_the_stream_and_dead_letter_to_the_d
     assert poison["x-inbox-queue"] == stream
     assert "poison on purpose" in poison["x-inbox-error"]
     assert redis_streams.pending(stream, "inbox") == 0
+
+
+def test_entries_a_dead_consumer_held_are_reclaimed_by_an_autoclaim_subscription(
+    pg_db: Database, redis_streams: RedisArea
+) -> None:
+    """The recipe of docs/faststream.md: a second subscription with ``min_idle_time``
+    (XAUTOCLAIM) takes over what a crashed consumer left pending; one of them had committed
+    before the crash and is acked as a duplicate."""
+    stream = redis_streams.stream("orders")
+    refs = ["a", "b", "c"]
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        await record_effect(message, session, HANDLER)
+
+    async def main() -> Any:
+        async with async_engine(pg_db, "asyncpg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            inbox.handler("op", name=HANDLER)(handler)
+            producer = RedisBroker(redis_streams.url, logger=None)
+            async with producer:
+                await producer.connect()
+                for ref in refs:
+                    headers = {"message_id": str(uuid.uuid5(uuid.NAMESPACE_URL, ref)), "type": "op"}
+                    await producer.publish({"ref": ref}, stream=stream, headers=headers)
+            with redis_streams.client() as client:
+                # A consumer that read every entry and died before acking any of them; it
+                # had committed "a" already.
+                client.xgroup_create(stream, "inbox", id="0")
+                client.xreadgroup("inbox", "crashed", {stream: ">"})
+            await inbox.process(Message(uuid.uuid5(uuid.NAMESPACE_URL, "a"), "op", {"ref": "a"}))
+            broker = RedisBroker(redis_streams.url, logger=None)
+            reclaim = StreamSub(stream, group="inbox", consumer="reclaimer", min_idle_time=50)
+            subscription = subscribe_redis_stream(broker, inbox, reclaim)
+            async with broker:
+                await broker.start()
+                await until(lambda: subscription.stats.acked == 3, "3 reclaimed entries settled")
+            return subscription.stats
+
+    stats = run(main())
+
+    assert pg_db.effect_counts() == {(ref, HANDLER): 1 for ref in refs}
+    assert (stats.processed, stats.duplicates) == (2, 1)
+    assert redis_streams.pending(stream, "inbox") == 0

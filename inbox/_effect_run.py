@@ -8,7 +8,7 @@ of without the handler passing anything, and refuses to work anywhere else.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
@@ -20,13 +20,29 @@ __all__ = ["CURRENT_RUN", "HandlerRun", "current_run"]
 @dataclass(slots=True)
 class HandlerRun:
     """One handler call: the inbox running it, its claim key (16 bytes), its name, the
-    connection holding its claim, and the effect steps it is inside right now."""
+    connection holding its claim, and the effect steps it is inside right now (made by the
+    first effect: most handler runs make none)."""
 
     owner: object
     claim_key: bytes
     handler: str
     connection: Connection
-    entered: set[str] = field(default_factory=set)
+    entered: set[str] | None = None
+
+    def inside(self, step: str) -> bool:
+        """Whether the call of effect ``step`` is running now."""
+        return self.entered is not None and step in self.entered
+
+    def enter(self, step: str) -> None:
+        """The call of effect ``step`` starts."""
+        if self.entered is None:
+            self.entered = set()
+        self.entered.add(step)
+
+    def leave(self, step: str) -> None:
+        """The call of effect ``step`` has ended."""
+        if self.entered is not None:
+            self.entered.discard(step)
 
 
 CURRENT_RUN: ContextVar[HandlerRun | None] = ContextVar("inbox_handler_run", default=None)

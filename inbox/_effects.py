@@ -92,7 +92,7 @@ def begin_effect(
     if not callable(call):
         raise TypeError(f"effect call must be callable, got {type(call).__name__}")
     run = current_run(owner)
-    if checked_step in run.entered:
+    if run.inside(checked_step):
         raise EffectError(
             f"effect {checked_step!r} of handler {run.handler!r} was entered again from "
             "inside its own call: nothing was called a second time. Use another step name "
@@ -177,14 +177,14 @@ class Effects:
             return json.loads(begun.result)
         if begun.attempt > 1:
             logger.info("effect %r of %r: attempt %d", ref.step, ref.handler, begun.attempt)
-        run.entered.add(ref.step)
+        run.enter(ref.step)
         try:
             result = call(ref.key)
         except BaseException as exc:
             self._record_failure(engine, ref, begun, exc)
             raise
         finally:
-            run.entered.discard(ref.step)
+            run.leave(ref.step)
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()  # never run: nothing was called

@@ -22,9 +22,9 @@ from support.databases import effects
 from support.effects import order
 from support.ledger import Provider, records
 
-from inbox import EffectError, HandlerFailed, Message, Outcome, UncertainEffect
+from inbox import EffectError, HandlerFailed, Message, Outcome, UncertainEffect, UnsupportedDialect
 from inbox.aio import AsyncInbox
-from inbox.schema import inbox_effect
+from inbox.schema import inbox_effect, metadata
 
 
 @pytest.fixture(params=list(ASYNC_DRIVERS))
@@ -195,3 +195,21 @@ def test_batches_awaited_return_stored_results(adb: AsyncDatabase, tmp_path: Pat
     assert [isinstance(r, HandlerFailed) for r in results] == [False, True, False, False]
     assert len(provider.calls) == 4
     assert len(set(provider.calls)) == 4
+
+
+def test_aiosqlite_without_an_effect_store_of_its_own_says_what_to_do(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'inbox.db'}")
+        async with engine.begin() as connection:
+            await connection.run_sync(metadata.create_all)
+        inbox = AsyncInbox(async_sessionmaker(engine))
+
+        @inbox.handler("sms.requested", name="sms.send")
+        async def send_sms(message: Message, session: AsyncSession) -> None:
+            await inbox.effect("provider.send", lambda key: None)
+
+        with pytest.raises(UnsupportedDialect, match="effect_store="):
+            await inbox.process(order("m1", "sms.requested"))
+        await engine.dispose()
+
+    run(main())

@@ -70,7 +70,7 @@ class AsyncEffects:
             return json.loads(begun.result)
         if begun.attempt > 1:
             logger.info("effect %r of %r: attempt %d", ref.step, ref.handler, begun.attempt)
-        run.entered.add(ref.step)
+        run.enter(ref.step)
         try:
             result = call(ref.key)
             if inspect.isawaitable(result):
@@ -80,7 +80,7 @@ class AsyncEffects:
             await run_to_completion(self._record_failure(engine, ref, begun, exc))
             raise
         finally:
-            run.entered.discard(ref.step)
+            run.leave(ref.step)
         text, unstorable = encode_result(ref, result)
         try:
             finished = await self._retrying(

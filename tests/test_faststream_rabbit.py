@@ -195,6 +195,48 @@ def test_a_failed_try_lands_in_its_retry_queue_with_the_failure_headers(
     assert rabbit.depth(queue) == 0
 
 
+def test_quorum_queues_take_the_kombu_worker_s_quorum_layout(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue("quorum")
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        await record_effect(message, session, HANDLER)
+        if message.body["ref"] == "poison":
+            raise RuntimeError("poison on purpose")
+
+    async def scenario(subscription: InboxSubscription) -> None:
+        await asyncio.to_thread(send, rabbit, queue, [op("ok"), op("poison")])
+        await until(lambda: subscription.stats.acked == 4, "ok, and poison's 3 tries")
+
+    run(consume(pg_db, rabbit, queue, handler, scenario, retry=QUICK, queue_type="quorum"))
+
+    assert pg_db.effect_counts() == {("ok", HANDLER): 1}
+    (dead,) = rabbit.take_all(f"{queue}.dlq")
+    assert dead.headers["x-inbox-reason"] == "handler-failed"
+    listed = subprocess.run(
+        ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name", "type"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    types = dict(line.split() for line in listed.stdout.splitlines() if line.startswith(queue))
+    assert set(types.values()) == {"quorum"}, types
+    assert len(types) == 4, types  # the queue, two retry queues, the dlq
+    arguments = subprocess.run(
+        ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name", "arguments"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    consumed = next(line for line in arguments.stdout.splitlines() if line.split()[0] == queue)
+    # What RabbitMQ drops from the consumed queue goes to the dlq, as the worker declares it.
+    assert "x-dead-letter-routing-key" in consumed, consumed
+    assert f"{queue}.dlq" in consumed, consumed
+
+
 def test_a_copy_with_nowhere_to_go_is_refused_and_the_delivery_stays_unacked(
     pg_db: Database, rabbit: Rabbit
 ) -> None:

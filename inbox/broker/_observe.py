@@ -3,7 +3,8 @@ per batch, linked to each delivery's producer), continuing the producer's ``trac
 the decisions (retries and dead letters counted, by reason); and a producer span per
 publish, whose context goes out in the message's headers.
 
-Every function is a no-op without OpenTelemetry (one comparison, a shared null context).
+Every function is a no-op without OpenTelemetry or before an SDK is configured (a check, a
+shared null context).
 """
 
 from __future__ import annotations

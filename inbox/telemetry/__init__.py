@@ -1,7 +1,7 @@
 """Metrics and traces through OpenTelemetry, when ``opentelemetry-api`` is installed
-(``pip install inbox[otel]``); without it, or without an SDK configured, nothing is recorded
-and the hooks cost one comparison. The inbox never configures an SDK itself (except
-``inbox-worker --metrics-port``): configure one in your application as usual.
+(``pip install inbox[otel]``); without it, or before a tracer or meter provider is set,
+nothing is recorded and each hook returns after a check. The inbox never configures an SDK
+itself (except ``inbox-worker --metrics-port``): configure one in your application as usual.
 
 What is recorded, under which names, is in docs/operations.md, "Metrics and traces".
 """

@@ -23,9 +23,9 @@ from support.databases import Database
 from support.rabbit import Rabbit
 from support.worker import queue_counts
 
-from inbox import Message
+from inbox import Inbox, Message
 from inbox.aio import AsyncInbox
-from inbox.broker import RetryPolicy
+from inbox.broker import RetryPolicy, Worker
 from inbox.faststream import InboxSubscription, subscribe_rabbit
 
 HANDLER = "ops.apply"
@@ -235,6 +235,33 @@ def test_quorum_queues_take_the_kombu_worker_s_quorum_layout(
     # What RabbitMQ drops from the consumed queue goes to the dlq, as the worker declares it.
     assert "x-dead-letter-routing-key" in consumed, consumed
     assert f"{queue}.dlq" in consumed, consumed
+
+
+def test_queues_the_kombu_worker_declared_are_consumed_and_its_tries_counted_on(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    """One layout, one header format: the kombu worker declares the queues, the FastStream
+    edge consumes them and goes on counting a delivery the worker had already retried."""
+    queue = rabbit.queue("shared")
+    policy = RetryPolicy(delays=(0.05,), max_tries=2)
+    Worker(Inbox(pg_db.sessions), rabbit.url, [queue], retry=policy).prepare()
+    first_failure = "2026-01-01T00:00:00.000+00:00"
+    retried = op("r") | {"headers": {"x-inbox-tries": 1, "x-inbox-first-failure": first_failure}}
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        raise RuntimeError("still failing")
+
+    async def scenario(subscription: InboxSubscription) -> None:
+        await asyncio.to_thread(send, rabbit, queue, [retried])
+        await until(lambda: subscription.stats.acked == 1, "the delivery settled")
+
+    subscription = run(consume(pg_db, rabbit, queue, handler, scenario, retry=policy))
+
+    assert subscription.stats.dead_lettered == 1  # try 2 of 2: no retry left
+    (dead,) = rabbit.take_all(f"{queue}.dlq")
+    assert dead.headers["x-inbox-tries"] == 2
+    assert dead.headers["x-inbox-first-failure"] == first_failure
+    assert dead.headers["x-inbox-reason"] == "handler-failed"
 
 
 def test_a_copy_with_nowhere_to_go_is_refused_and_the_delivery_stays_unacked(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faststream.exceptions import StopConsume
+from faststream.exceptions import StopConsume, SubscriberNotFound
 from faststream.rabbit import RabbitBroker, RabbitMessage
 from faststream.rabbit.testing import TestRabbitBroker
 from faststream.redis import RedisBroker, RedisStreamMessage, StreamSub
@@ -170,4 +170,21 @@ def test_a_configuration_error_gives_the_delivery_back_and_stops_the_subscriber(
     assert raised == [StopConsume]  # FastStream stops the subscriber on it
     # Neither delivery was retried, dead-lettered or acked: both were given back untouched.
     assert (stats.acked, stats.retried, stats.dead_lettered, stats.requeued) == (0, 0, 0, 2)
+    assert sqlite.db.effect_counts() == {}
+
+
+def test_under_test_rabbit_broker_a_dead_letter_needs_a_subscriber_on_the_dlq(
+    sqlite: AsyncDatabase,
+) -> None:
+    async def main() -> None:
+        async with sqlite.engine() as engine:
+            recorder = AsyncRecorder(async_sessionmaker(engine))
+            recorder.add("orders.apply", "order.created")
+            broker = RabbitBroker()
+            subscribe_rabbit(broker, recorder.inbox, "orders")
+            async with TestRabbitBroker(broker) as test_broker:
+                with pytest.raises(SubscriberNotFound):
+                    await test_broker.publish({"ref": "a"}, "orders", message_id="not-a-uuid")
+
+    run(main())
     assert sqlite.db.effect_counts() == {}

@@ -16,6 +16,7 @@ from typing import Any, cast
 import aio_pika
 import aiormq
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError
+from faststream.exceptions import SubscriberNotFound
 from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
@@ -25,7 +26,7 @@ from faststream.rabbit.testing import PatchedMessage
 
 from inbox.aio import AsyncInbox
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
-from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
+from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport, logger
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_rabbit"]
@@ -131,7 +132,15 @@ class _RabbitTransport(Transport):
             priority=raw.priority,
         )
         if isinstance(raw, PatchedMessage):  # TestRabbitBroker: runs the target's subscriber
-            await publish()
+            try:
+                await publish()
+            except SubscriberNotFound:
+                logger.error(
+                    "under TestRabbitBroker nothing subscribes to %r: subscribe to it in the "
+                    "test to receive the copies the edge sends there",
+                    target,
+                )
+                raise
             return
         try:
             confirmed = await publish(mandatory=True, timeout=self.timeout)

@@ -517,8 +517,11 @@ APP = """
     from sqlalchemy.orm import sessionmaker
 
     from inbox import Inbox
+    from inbox.schema import metadata
 
-    inbox = Inbox(sessionmaker(sa.create_engine("sqlite:///{db}")))
+    engine = sa.create_engine("sqlite:///{db}")
+    metadata.create_all(engine)  # inbox-worker checks the tables at start
+    inbox = Inbox(sessionmaker(engine))
 """
 
 

@@ -211,9 +211,13 @@ def outbox_table(
 
 
 def _create_notify_trigger(table: Table, connection: Connection, **_: Any) -> None:
-    if connection.dialect.name == "postgresql":
-        for statement in outbox_notify_ddl(table.name, table.schema):
-            connection.exec_driver_sql(statement)
+    if connection.dialect.name != "postgresql":
+        return
+    # CREATE TABLE went where the connection's schema_translate_map sent it: so must this.
+    translate = connection.get_execution_options().get("schema_translate_map") or {}
+    schema = translate.get(table.schema, table.schema)
+    for statement in outbox_notify_ddl(table.name, schema):
+        connection.exec_driver_sql(statement)
 
 
 def outbox_notify_ddl(name: str, schema: str | None) -> tuple[str, str]:

@@ -152,3 +152,22 @@ def test_an_outbox_made_by_create_all_notifies_too(pg_db: Database) -> None:
     payloads = notified_on_commit(pg_db.engine, "app_outbox", table.insert().values(**outbox_row()))
     [payload] = payloads
     assert payload.endswith(".app_outbox")
+
+
+def test_an_outbox_created_through_a_schema_translate_map_notifies_from_there(
+    pg_db: Database, admin_engines: dict[str, Engine]
+) -> None:
+    other = f"alt_{uuid.uuid4().hex[:12]}"
+    with admin_engines["postgresql"].connect() as connection:
+        connection.execute(text(f"CREATE SCHEMA {other}"))
+    translated = pg_db.engine.execution_options(schema_translate_map={None: other})
+    try:
+        table = outbox_table(MetaData())
+        table.create(translated)  # the search path's outbox_message already has its trigger
+        payloads = notified_on_commit(
+            translated, "outbox_message", table.insert().values(**outbox_row())
+        )
+        assert payloads == [f"{other}.outbox_message"]
+    finally:
+        with admin_engines["postgresql"].connect() as connection:
+            connection.execute(text(f"DROP SCHEMA {other} CASCADE"))

@@ -41,7 +41,7 @@ def subscribe_rabbit(
     queue_type: QueueType | str = QueueType.CLASSIC,
     prefetch: int = 32,
     confirm_timeout: float = 30.0,
-    default_content_type: str | None = None,
+    default_content_type: str | None = "application/json",
 ) -> InboxSubscription:
     """Consume ``queue`` on ``broker`` through ``inbox``, as the kombu worker would.
 
@@ -50,7 +50,9 @@ def subscribe_rabbit(
     try goes to ``<queue>.retry.<ms>ms`` (which dead-letters it back after the delay of
     ``retry``), the last one, or a delivery that cannot be a message, to ``<queue>.dlq`` with
     the ``x-inbox-*`` headers; every copy is published ``mandatory`` and confirmed before
-    the original is acked. Up to ``prefetch`` deliveries are processed at once.
+    the original is acked. Up to ``prefetch`` deliveries are processed at once. A delivery
+    without a content type is read as ``default_content_type`` (None: raw bytes), as the
+    worker's ``--default-content-type``.
     """
     topology = QueueTopology(queue, QueueType(queue_type), retry or RetryPolicy())
     check_positive("prefetch", prefetch)

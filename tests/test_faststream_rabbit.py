@@ -130,16 +130,17 @@ def test_a_foreign_producer_s_duplicates_bad_ids_and_poison_end_once_or_in_the_d
             {"body": b'{"ref": ', "message_id": str(uuid.uuid4())},  # not JSON
             {**op("stranger"), "type": "stranger"},  # no handler takes it
             op("poison"),
+            {**op("untyped-json"), "content_type": None},  # read as JSON by default
         ]
         await asyncio.to_thread(send, rabbit, queue, sent)
-        # 40 + 4 + the poison message's 3 tries
-        await until(lambda: subscription.stats.acked == 47, "47 deliveries settled")
+        # 40 + 5 + the poison message's 3 tries
+        await until(lambda: subscription.stats.acked == 48, "48 deliveries settled")
 
     subscription = run(consume(pg_db, rabbit, queue, handler, scenario, retry=QUICK))
 
-    assert pg_db.effect_counts() == {(ref, HANDLER): 1 for ref in good}
+    assert pg_db.effect_counts() == {(ref, HANDLER): 1 for ref in [*good, "untyped-json"]}
     stats = subscription.stats
-    assert (stats.processed, stats.duplicates, stats.retried) == (20, 20, 2)
+    assert (stats.processed, stats.duplicates, stats.retried) == (21, 20, 2)
     assert stats.dead_lettered == 5
     dead = {m.headers["x-inbox-reason"]: m for m in rabbit.take_all(f"{queue}.dlq")}
     assert set(dead) == {

@@ -113,6 +113,8 @@ def test_the_edge_refuses_what_it_cannot_honour() -> None:
 
     redis = RedisBroker()
     inbox = AsyncInbox.__new__(AsyncInbox)  # the stream checks come first
+    with pytest.raises(TypeError, match="StreamSub"):
+        subscribe_redis_stream(redis, inbox, "s")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="consumer group"):
         subscribe_redis_stream(redis, inbox, StreamSub("s"))
     with pytest.raises(ValueError, match="no_ack"):

@@ -8,7 +8,7 @@ Only running the handler transactions differs between the two; that lives in
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
@@ -17,7 +17,6 @@ from inbox._bodies import body_parser
 from inbox._claim import Claims
 from inbox._commit_guard import Guards, transaction_guards
 from inbox._handlers import (
-    HandlerFunc,
     KeyFunc,
     RegisteredHandler,
     Registry,
@@ -25,6 +24,7 @@ from inbox._handlers import (
     refuse_async,
     validate_name,
 )
+from inbox._middleware import check_layers, wrap_handler
 from inbox._plan import Planned, plan
 from inbox._retry import Backoff
 from inbox.errors import RegistrationError
@@ -46,25 +46,42 @@ class InboxBase(abc.ABC, Generic[S]):
     """
 
     _EXAMPLE_FACTORY: ClassVar[str]
+    _ASYNCHRONOUS: ClassVar[bool]
 
     def __init__(
         self,
-        session_factory: Callable[[], S],
+        session_factory: Callable[[], S] | None,
         *,
+        sessions_for: Callable[[Message], S] | None = None,
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
+        middleware: Iterable[Any] | None = None,
+        around_delivery: Iterable[Any] | None = None,
     ) -> None:
-        if not callable(session_factory):
+        if (session_factory is None) == (sessions_for is None):
             raise TypeError(
-                f"session_factory must be callable (e.g. {self._EXAMPLE_FACTORY}), "
-                f"got {type(session_factory).__name__}"
+                "give exactly one of session_factory (e.g. "
+                f"{self._EXAMPLE_FACTORY}) and sessions_for= (a function of the message)"
             )
+        for option, factory in (
+            ("session_factory", session_factory),
+            ("sessions_for", sessions_for),
+        ):
+            if factory is not None and not callable(factory):
+                raise TypeError(
+                    f"{option} must be callable (e.g. {self._EXAMPLE_FACTORY}), "
+                    f"got {type(factory).__name__}"
+                )
         if isinstance(transient_retries, bool) or not isinstance(transient_retries, int):
             raise TypeError("transient_retries must be an int")
         if transient_retries < 0:
             raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
         self._session_factory = session_factory
+        self._sessions_for = sessions_for
+        asynchronous = self._ASYNCHRONOUS
+        self._middleware = check_layers(middleware, "middleware", asynchronous=asynchronous)
+        self._hooks = check_layers(around_delivery, "around_delivery", asynchronous=asynchronous)
         self._claims = Claims(resolve_table(table))
         self._on_unhandled = Unhandled(on_unhandled)
         self._backoff = Backoff(transient_retries)
@@ -115,7 +132,8 @@ class InboxBase(abc.ABC, Generic[S]):
         if key is not None:
             refuse_async(key, what="key function")  # keys are derived before any I/O
         handler_name = validate_name(default_name(func) if name is None else name)
-        handler_func: HandlerFunc = func  # the async inbox calls it as what it is
+        # The async inbox calls it as what it is; the middleware chain is built here, once.
+        handler_func = wrap_handler(func, self._middleware, asynchronous=self._ASYNCHRONOUS)
         body_type = None if body is None else cast("type[Any]", body)
         parse = None if body is None else body_parser(body)
         self._registry.add(
@@ -130,3 +148,17 @@ class InboxBase(abc.ABC, Generic[S]):
 
     def _plan(self, message: Message) -> Planned | ProcessResult:
         return plan(message, self._registry, self._on_unhandled)
+
+    def _new_session(self, message: Message | None) -> S:
+        """A session for a handler transaction: ``sessions_for(message)`` (``message`` is
+        None only for a batch, which an inbox with ``sessions_for`` never makes), else
+        ``session_factory()``."""
+        if self._sessions_for is not None and message is not None:
+            return self._sessions_for(message)
+        assert self._session_factory is not None
+        return self._session_factory()
+
+    def _one_by_one(self) -> bool:
+        """Whether ``process_batch`` must run its messages as ``process()`` calls: each
+        through the delivery hooks, or each in its own tenant's database."""
+        return bool(self._hooks) or self._sessions_for is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Engine, Table
@@ -14,13 +14,15 @@ from inbox._batch import BatchProcessor
 from inbox._effect_ledger import EffectMode
 from inbox._effects import EffectCall, Effects
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, plan, require_messages
+from inbox._middleware import wrap_delivery
+from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
 from inbox._retry import run_with_retries
 from inbox._session_checks import check_session_factory
 from inbox._transaction import HandlerTransaction
 from inbox.errors import InboxError
 from inbox.message import Message
+from inbox.middleware import DeliveryHook, Middleware
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 
@@ -44,30 +46,48 @@ class Inbox(InboxBase[Session]):
     ``effect_store`` is the :class:`~sqlalchemy.Engine` whose ``effect_table`` (default
     ``inbox_effect``) keeps the records of :meth:`effect`; by default the inbox's own
     database. SQLite needs one of its own (another file): see docs/effects.md.
+
+    ``middleware`` wraps every handler, inside its transaction after the claim
+    (``mw(message, session, call_next)``); ``around_delivery`` wraps each ``process()``
+    before any claim (``hook(message, call_next)``): see docs/middleware.md.
+    ``sessions_for=`` (instead of ``session_factory``) makes each handler transaction's
+    session from the message, to claim in its tenant's schema or database: see
+    docs/tenants.md.
     """
 
     _EXAMPLE_FACTORY = "sqlalchemy.orm.sessionmaker(engine)"
+    _ASYNCHRONOUS = False
 
     def __init__(
         self,
-        session_factory: Callable[[], Session],
+        session_factory: Callable[[], Session] | None = None,
         *,
+        sessions_for: Callable[[Message], Session] | None = None,
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
         effect_store: Engine | None = None,
         effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
+        middleware: Iterable[Middleware] | None = None,
+        around_delivery: Iterable[DeliveryHook] | None = None,
     ) -> None:
         super().__init__(
             session_factory,
+            sessions_for=sessions_for,
             table=table,
             on_unhandled=on_unhandled,
             transient_retries=transient_retries,
+            middleware=middleware,
+            around_delivery=around_delivery,
         )
         self._batches = BatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
-        check_session_factory(session_factory, self._claims.bind_clause)
+        self._deliver = (
+            wrap_delivery(self._process, self._hooks, asynchronous=False) if self._hooks else None
+        )
+        if session_factory is not None:
+            check_session_factory(session_factory, self._claims.bind_clause)
         self._effects = Effects(self, effect_store, effect_table, self._backoff)
 
     @overload
@@ -128,7 +148,15 @@ class Inbox(InboxBase[Session]):
         database the inbox cannot use raises :class:`SessionConfigurationError` or
         :class:`UnsupportedDialect` as itself.
         """
-        planned = plan(message, self._registry, self._on_unhandled)
+        if self._deliver is not None:
+            return self._deliver(message)  # type: ignore[no-any-return]
+        planned = self._plan(message)
+        if isinstance(planned, ProcessResult):
+            return planned
+        return self._settle(planned)
+
+    def _process(self, message: Message) -> ProcessResult:
+        planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
         return self._settle(planned)
@@ -141,8 +169,23 @@ class Inbox(InboxBase[Session]):
         Handlers run exactly as one :meth:`process` call after another would run them. A
         failing batch is split in halves down to the failing messages, which come back as
         :class:`HandlerFailed`; the healthy ones commit. See docs/guide.md, "Batches".
+
+        With ``around_delivery`` hooks or ``sessions_for``, the messages run one
+        :meth:`process` call after another (each through the hooks, each in its tenant's
+        database), with the same results.
         """
-        return self._batches.process(require_messages(messages, "process_batch"), self._plan)
+        batch = require_messages(messages, "process_batch")
+        if self._one_by_one():
+            return [self._process_or_error(message) for message in batch]
+        return self._batches.process(batch, self._plan)
+
+    def _process_or_error(self, message: Message) -> ProcessResult | InboxError:
+        try:
+            return self.process(message)
+        except CONFIGURATION_ERRORS:
+            raise
+        except InboxError as exc:
+            return exc
 
     def effect(
         self, step: str, call: EffectCall, *, mode: EffectMode | str = EffectMode.AT_LEAST_ONCE
@@ -180,12 +223,12 @@ class Inbox(InboxBase[Session]):
         return settlement.result()
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
-        with self._transaction() as transaction:
+        with self._transaction(message) as transaction:
             if not transaction.claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             transaction.run(handler, message, self._guards[handler.name], key)
             transaction.commit()
         return Outcome.PROCESSED
 
-    def _transaction(self) -> HandlerTransaction:
-        return HandlerTransaction(self._session_factory(), self._claims, self)
+    def _transaction(self, message: Message | None = None) -> HandlerTransaction:
+        return HandlerTransaction(self._new_session(message), self._claims, self)

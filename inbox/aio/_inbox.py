@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias, TypeVar, overload
 
 from sqlalchemy import Table
@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from inbox._effect_ledger import EffectMode
 from inbox._handlers import KeyFunc, RegisteredHandler, require_async
+from inbox._middleware import wrap_delivery
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
 from inbox._session_checks import check_session_factory
@@ -22,6 +23,7 @@ from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
+from inbox.middleware import AsyncDeliveryHook, AsyncMiddleware
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 
@@ -50,34 +52,48 @@ class AsyncInbox(InboxBase[AsyncSession]):
     :class:`asyncio.CancelledError` as itself; ``asyncio.timeout()`` around ``process()``
     behaves the same. Unlike the blocking inbox, the cancellation is not wrapped in
     :class:`~inbox.HandlerInterrupted`: it belongs to the task, not to the handler.
+
+    ``sessions_for``, ``middleware`` and ``around_delivery`` are those of
+    :class:`inbox.Inbox`, with ``async def`` middleware and hooks.
     """
 
     _EXAMPLE_FACTORY = "sqlalchemy.ext.asyncio.async_sessionmaker(engine)"
+    _ASYNCHRONOUS = True
 
     def __init__(
         self,
-        session_factory: Callable[[], AsyncSession],
+        session_factory: Callable[[], AsyncSession] | None = None,
         *,
+        sessions_for: Callable[[Message], AsyncSession] | None = None,
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
         effect_store: AsyncEngine | None = None,
         effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
+        middleware: Iterable[AsyncMiddleware] | None = None,
+        around_delivery: Iterable[AsyncDeliveryHook] | None = None,
     ) -> None:
         super().__init__(
             session_factory,
+            sessions_for=sessions_for,
             table=table,
             on_unhandled=on_unhandled,
             transient_retries=transient_retries,
+            middleware=middleware,
+            around_delivery=around_delivery,
         )
         self._batches = AsyncBatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
-        check_session_factory(
-            functools.partial(_sync_session, session_factory),
-            self._claims.bind_clause,
-            asynchronous=True,
+        self._deliver = (
+            wrap_delivery(self._process, self._hooks, asynchronous=True) if self._hooks else None
         )
+        if session_factory is not None:
+            check_session_factory(
+                functools.partial(_sync_session, session_factory),
+                self._claims.bind_clause,
+                asynchronous=True,
+            )
         self._effects = AsyncEffects(self, effect_store, effect_table, self._backoff)
 
     @overload
@@ -132,6 +148,14 @@ class AsyncInbox(InboxBase[AsyncSession]):
         """Run every handler that takes ``message``, each exactly once, each in its own
         transaction with its own claim; the result and errors are those of
         :meth:`inbox.Inbox.process`."""
+        if self._deliver is not None:
+            return await self._deliver(message)  # type: ignore[no-any-return]
+        planned = self._plan(message)
+        if isinstance(planned, ProcessResult):
+            return planned
+        return await self._settle(planned)
+
+    async def _process(self, message: Message) -> ProcessResult:
         planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
@@ -139,8 +163,20 @@ class AsyncInbox(InboxBase[AsyncSession]):
 
     async def process_batch(self, messages: Sequence[Message]) -> list[ProcessResult | InboxError]:
         """Process many messages in ONE transaction, with one claim statement per handler;
-        results, bisection and errors are those of :meth:`inbox.Inbox.process_batch`."""
-        return await self._batches.process(require_messages(messages, "process_batch"), self._plan)
+        results, bisection and errors are those of :meth:`inbox.Inbox.process_batch`
+        (one ``process()`` after another with ``around_delivery`` hooks or ``sessions_for``)."""
+        batch = require_messages(messages, "process_batch")
+        if self._one_by_one():
+            return [await self._process_or_error(message) for message in batch]
+        return await self._batches.process(batch, self._plan)
+
+    async def _process_or_error(self, message: Message) -> ProcessResult | InboxError:
+        try:
+            return await self.process(message)
+        except CONFIGURATION_ERRORS:
+            raise
+        except InboxError as exc:
+            return exc
 
     async def effect(
         self,
@@ -174,15 +210,15 @@ class AsyncInbox(InboxBase[AsyncSession]):
         return settlement.result()
 
     async def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
-        async with self._transaction() as transaction:
+        async with self._transaction(message) as transaction:
             if not await transaction.claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             await transaction.run(handler, message, self._guards[handler.name], key)
             await transaction.commit()
         return Outcome.PROCESSED
 
-    def _transaction(self) -> AsyncHandlerTransaction:
-        return AsyncHandlerTransaction(self._session_factory(), self._claims, self)
+    def _transaction(self, message: Message | None = None) -> AsyncHandlerTransaction:
+        return AsyncHandlerTransaction(self._new_session(message), self._claims, self)
 
 
 def _sync_session(session_factory: Callable[[], AsyncSession]) -> Session:

@@ -4,7 +4,7 @@ database work then runs on the blocking side of an async connection, ``run_sync`
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
@@ -72,7 +72,7 @@ async def drive_async(
 
 def engines_of(inbox: Inbox) -> list[Engine]:
     """The inbox's database, then its effect store when that is a database of its own."""
-    session = inbox._session_factory()
+    session = _factory_of(inbox)()
     try:
         bind = session.get_bind(clause=inbox._claims.bind_clause)
     finally:
@@ -86,7 +86,7 @@ async def async_engines_of(inbox: AsyncInbox) -> list[AsyncEngine]:
     """:func:`engines_of` for an async inbox."""
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    session = inbox._session_factory()
+    session = _factory_of(inbox)()
     try:
         bind = session.sync_session.get_bind(clause=inbox._claims.bind_clause)
     finally:
@@ -96,3 +96,13 @@ async def async_engines_of(inbox: AsyncInbox) -> list[AsyncEngine]:
     if isinstance(store, AsyncEngine) and store.url != engine.url:
         return [engine, store]
     return [engine]
+
+
+def _factory_of(inbox: Inbox | AsyncInbox) -> Callable[[], Any]:
+    if inbox._session_factory is None:
+        raise TypeError(
+            "assert_idempotent needs an inbox made with a session_factory; one made with "
+            "sessions_for= (tenants) has no one database to snapshot: test it with an inbox "
+            "for one tenant's sessionmaker"
+        )
+    return inbox._session_factory

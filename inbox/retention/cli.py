@@ -3,11 +3,12 @@ ahead first on a partitioned table), print one line, return the exit code."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sqlalchemy import create_engine
+from sqlalchemy import URL, create_engine
 
 from inbox._cli import (
     DATABASE_URL_ENV,
@@ -27,6 +28,7 @@ from inbox.retention._catalog import is_partitioned
 from inbox.retention._create import ensure_partitions
 from inbox.retention._layout import DEFAULT_DAYS_AHEAD
 from inbox.retention._purge import MAX_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
+from inbox.retention._targets import targets_for
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
 
 __all__ = ["cleanup_main"]
@@ -46,8 +48,9 @@ def _cleanup_parser() -> UsageParser:
     )
     parser.add_argument(
         "--database-url",
+        action="append",
         default=None,
-        help=f"SQLAlchemy database URL (default: ${DATABASE_URL_ENV})",
+        help=f"SQLAlchemy database URL, repeatable (default: ${DATABASE_URL_ENV})",
     )
     parser.add_argument(
         "--batch-size",
@@ -57,6 +60,18 @@ def _cleanup_parser() -> UsageParser:
     )
     parser.add_argument(
         "--table", default=DEFAULT_TABLE_NAME, help="inbox table, NAME or SCHEMA.NAME"
+    )
+    tenants = parser.add_mutually_exclusive_group()
+    tenants.add_argument(
+        "--schema",
+        action="append",
+        default=[],
+        help="clean the table NAME in this schema (repeatable: one per tenant)",
+    )
+    tenants.add_argument(
+        "--all-schemas",
+        action="store_true",
+        help="clean the table NAME in every schema holding it (PostgreSQL; MariaDB: databases)",
     )
     parser.add_argument(
         "--partitions-ahead",
@@ -94,7 +109,11 @@ def cleanup_main(
         args = parser.parse_args(argv)
         cutoff_for(args.days)
         table = resolve_table(args.table)
-        url = database_url(args.database_url)
+        if table.schema and (args.schema or args.all_schemas):
+            raise UsageError("--schema and --all-schemas take --table as a NAME, not SCHEMA.NAME")
+        for schema in args.schema:
+            resolve_table(f"{schema}.{table.name}")  # a plain identifier, else ValueError
+        urls = [database_url(given) for given in args.database_url or [None]]
     except VersionRequested as version:
         out.write(f"{version.line}\n")
         return EXIT_OK
@@ -102,27 +121,41 @@ def cleanup_main(
         err.write(parser.format_usage())
         err.write(f"inbox-cleanup: error: {mask_urls(str(exc))}\n")
         return EXIT_USAGE
-    created: list[str] = []
-    try:
-        engine = create_engine(url, hide_parameters=True)
+    failed = False
+    for url in urls:
+        where = f" on {url.render_as_string(hide_password=True)}" if len(urls) > 1 else ""
         try:
-            if not args.dry_run and is_partitioned(engine, table):
-                created = ensure_partitions(engine, table, days_ahead=args.partitions_ahead)
+            lines = _clean_database(url, where, args)
+        except Exception as exc:  # the CLI edge: one line, never a traceback
+            err.write(f"inbox-cleanup: error: {database_error_line(exc, url)}\n")
+            failed = True
+            continue
+        if not args.quiet:
+            out.writelines(lines)
+    return EXIT_DATABASE_ERROR if failed else EXIT_OK
+
+
+def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]:
+    """Clean every target table of one database; one summary line per table."""
+    lines = []
+    engine = create_engine(url, hide_parameters=True)
+    try:
+        for target in targets_for(engine, args.table, args.schema, args.all_schemas):
+            created: list[str] = []
+            if not args.dry_run and is_partitioned(engine, target.table):
+                created = ensure_partitions(engine, target.table, days_ahead=args.partitions_ahead)
             report = cleanup(
                 engine,
                 days=args.days,
                 batch_size=args.batch_size,
                 dry_run=args.dry_run,
-                table=table,
+                table=target.table,
+                effect_table=target.effect_table,
             )
-        finally:
-            engine.dispose()
-    except Exception as exc:  # the CLI edge: one line, never a traceback
-        err.write(f"inbox-cleanup: error: {database_error_line(exc, url)}\n")
-        return EXIT_DATABASE_ERROR
-    if not args.quiet:
-        out.write(_summary(report, table.fullname, created))
-    return EXIT_OK
+            lines.append(_summary(report, target.table.fullname + where, created))
+    finally:
+        engine.dispose()
+    return lines
 
 
 def _summary(report: CleanupReport, table: str, created: list[str]) -> str:

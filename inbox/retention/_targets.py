@@ -1,0 +1,60 @@
+"""The inbox tables one ``inbox-cleanup`` run works on: per database, the table as named, or
+one per tenant schema given (``--schema``) or found (``--all-schemas``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, Table, text
+
+from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, resolve_table
+
+__all__ = ["Target", "schemas_holding", "targets_for"]
+
+_FIND_SCHEMAS = text(
+    "SELECT DISTINCT table_schema FROM information_schema.tables "
+    "WHERE table_name = :name AND table_type = 'BASE TABLE' ORDER BY table_schema"
+)
+# A partitioned PostgreSQL table is listed as 'PARTITIONED TABLE' (its partitions as tables
+# under other names), so it is looked up by name in pg_class as well.
+_FIND_PG_SCHEMAS = text(
+    "SELECT DISTINCT n.nspname FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relname = :name AND c.relkind IN ('r', 'p') AND NOT c.relispartition "
+    "ORDER BY n.nspname"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One inbox table to clean, with the effect table beside it."""
+
+    table: Table
+    effect_table: str
+
+
+def targets_for(
+    engine: Engine, table: str, schemas: Sequence[str], all_schemas: bool
+) -> list[Target]:
+    """The tables of one database: ``table`` itself (with the default effect table), or
+    ``table``'s name in each schema (with the effect table of that schema)."""
+    if all_schemas:
+        schemas = schemas_holding(engine, table)
+    if not schemas:
+        return [Target(resolve_table(table), DEFAULT_EFFECT_TABLE_NAME)]
+    return [
+        Target(resolve_table(f"{schema}.{table}"), f"{schema}.{DEFAULT_EFFECT_TABLE_NAME}")
+        for schema in schemas
+    ]
+
+
+def schemas_holding(engine: Engine, table: str) -> list[str]:
+    """Every schema (a database, on MariaDB/MySQL) of ``engine``'s server holding a table
+    named ``table``; ValueError on SQLite, which has none."""
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        raise ValueError("--all-schemas needs PostgreSQL or MariaDB/MySQL (SQLite has no schemas)")
+    query = _FIND_PG_SCHEMAS if dialect == "postgresql" else _FIND_SCHEMAS
+    with engine.connect() as connection:
+        return [str(schema) for schema in connection.execute(query, {"name": table}).scalars()]

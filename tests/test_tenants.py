@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from support.aio import run
 from support.databases import MARIADB_URL, POSTGRES_URL, effects, effects_metadata, unreachable
 
 from inbox import HandlerFailed, Inbox, Message, Outcome, ProcessResult
+from inbox.admin import admin_main
 from inbox.aio import AsyncInbox
 from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_effect, inbox_message
@@ -272,3 +274,29 @@ def test_exactly_one_way_of_making_sessions() -> None:
         Inbox(sessionmaker(), sessions_for=lambda message: Session())
     with pytest.raises(TypeError, match="sessions_for must be callable"):
         Inbox(sessions_for="tenant_a")  # type: ignore[arg-type]
+
+
+def test_status_per_tenant_schema(pg_tenants: Tenants) -> None:
+    inbox = tenant_inbox(pg_tenants)
+    sent, _ = deliveries(pg_tenants)
+    for message in sent["tenant_b"]:
+        inbox.process(message)
+    out, err = io.StringIO(), io.StringIO()
+    args = ["status", "--database-url", pg_tenants.url, "--all-schemas"]
+    assert admin_main(args, stdout=out, stderr=err) == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    claims = [line.split(",")[0] for line in lines if line.startswith("claims in")]
+    assert claims == [
+        "claims in tenant_a.inbox_message: 0",
+        "claims in tenant_b.inbox_message: 3",
+        "claims in tenant_c.inbox_message: 0",
+    ]
+    out = io.StringIO()
+    args = ["status", "--database-url", pg_tenants.url, "--schema", "tenant_b", "--json"]
+    assert admin_main(args, stdout=out, stderr=err) == 0, err.getvalue()
+    (report,) = json.loads(out.getvalue())
+    assert report["table"] == "tenant_b.inbox_message"
+    assert [c["count"] for c in report["claims"]] == [3]
+    args = [*args, "--table", "tenant_b.inbox_message"]
+    assert admin_main(args, stdout=out, stderr=err) == 2
+    assert "table names are NAME" in err.getvalue()

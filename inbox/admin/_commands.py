@@ -9,18 +9,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, MetaData, Table
 
-from inbox._cli import EXIT_OK, EXIT_USAGE
+from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
 from inbox.admin import _claims, _dlq, _render, _status
+from inbox.retention._targets import schemas_holding
 
 __all__ = [
     "EXIT_NOT_FOUND",
     "Streams",
     "Tables",
+    "check_per_schema",
     "release",
     "show",
     "status",
+    "status_per_schema",
     "terminal_confirm",
 ]
 
@@ -73,6 +76,46 @@ def status(
     else:
         io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
     return EXIT_OK
+
+
+def check_per_schema(args: argparse.Namespace) -> None:
+    """Refuse what ``status --schema/--all-schemas`` cannot do: qualified table names (the
+    schema is each tenant's) and ``--queue`` (dead letters belong to no one schema)."""
+    if args.queues:
+        raise UsageError("--queue cannot be combined with --schema or --all-schemas")
+    for name in (args.table, args.effect_table, args.outbox_table):
+        if "." in name:
+            raise UsageError(
+                "with --schema or --all-schemas, table names are NAME, not SCHEMA.NAME"
+            )
+
+
+def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams) -> int:
+    """``inbox status --schema ... | --all-schemas``: one report per tenant schema (a list
+    of documents with ``--json``)."""
+    schemas = schemas_holding(engine, tables.claims.name) if args.all_schemas else args.schemas
+    reports = [
+        _status.read_status(
+            engine,
+            _in_schema(tables.claims, schema),
+            _in_schema(tables.outbox, schema),
+            _in_schema(tables.effects, schema),
+        )
+        for schema in schemas
+    ]
+    if args.json:
+        io.out.write(_render.as_json(reports))
+        return EXIT_OK
+    for index, report in enumerate(reports):
+        if index:
+            io.out.write("\n")
+        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+    return EXIT_OK
+
+
+def _in_schema(table: Table, schema: str) -> Table:
+    """A copy of ``table`` in ``schema``, on metadata of its own."""
+    return table.to_metadata(MetaData(), schema=schema)
 
 
 def show(

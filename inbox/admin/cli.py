@@ -65,6 +65,13 @@ def _parser() -> UsageParser:
     status.add_argument("--broker", help=f"with --queue: dead letters (default ${BROKER_URL_ENV})")
     status.add_argument("--queue", dest="queues", action="append", default=[], help="repeat")
     status.add_argument("--json", action="store_true", help="one JSON document")
+    tenants = status.add_mutually_exclusive_group()
+    tenants.add_argument(
+        "--schema", dest="schemas", action="append", default=[], help="a tenant schema; repeat"
+    )
+    tenants.add_argument(
+        "--all-schemas", action="store_true", help="every schema holding the claims table"
+    )
 
     show = commands.add_parser("show", help="which handlers processed a message, and when")
     _database_options(show)
@@ -183,6 +190,8 @@ def admin_main(
             dlq_broker = broker
             return _guarded(lambda: dlq(args, dlq_broker, io), io, None, broker)
         url = database_url(args.database_url)
+        if getattr(args, "schemas", None) or getattr(args, "all_schemas", False):
+            _commands.check_per_schema(args)
         tables = _commands.Tables(
             resolve_table(args.table),
             _named(args.effect_table, effect_table),
@@ -204,6 +213,8 @@ def admin_main(
 
     def run() -> int:
         try:
+            if args.command == "status" and (args.schemas or args.all_schemas):
+                return _commands.status_per_schema(engine, tables, args, io)
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)
             if args.command == "show":

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Engine, MetaData, Table
+from sqlalchemy import Engine, Table
 
 from inbox._claim import check_supported
 from inbox._effect_ledger import (
@@ -30,7 +30,7 @@ from inbox._effect_ledger import (
 from inbox._effect_run import HandlerRun, current_run
 from inbox._retry import Backoff, is_transient, run_with_retries
 from inbox.errors import EffectError, UnsupportedDialect
-from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, effect_table, inbox_effect
+from inbox.schema import resolve_effect_table
 
 __all__ = [
     "EffectCall",
@@ -39,7 +39,6 @@ __all__ = [
     "describe_error",
     "encode_result",
     "refuse_sqlite_claim_store",
-    "resolve_effect_table",
     "result_refused",
 ]
 
@@ -50,22 +49,6 @@ EffectCall = Callable[[Any], Any]
 idempotency key, and returns a JSON-serializable result."""
 
 _ERROR_MAX_CHARS: Final = 500
-
-
-def resolve_effect_table(table: str | Table) -> Table:
-    """``table`` itself, or the effect table named ``"name"`` or ``"schema.name"``."""
-    if isinstance(table, Table):
-        return table
-    if not isinstance(table, str):
-        raise TypeError(
-            f"effect_table must be a str or a sqlalchemy Table, got {type(table).__name__}"
-        )
-    if table == DEFAULT_EFFECT_TABLE_NAME:
-        return inbox_effect
-    schema, dot, name = table.rpartition(".")
-    if dot and not schema:
-        raise ValueError(f"effect_table must be NAME or SCHEMA.NAME, got {table!r}")
-    return effect_table(MetaData(), name, schema=schema or None)
 
 
 def refuse_sqlite_claim_store(store_url: object, claim_engine: Engine, has_own: bool) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import re
+import threading
 import uuid
 from typing import Any, Final
 
@@ -42,6 +43,8 @@ __all__ = [
     "outbox_message",
     "outbox_table",
     "processed_at_index_name",
+    "resolve_effect_table",
+    "resolve_outbox_table",
     "resolve_table",
 ]
 
@@ -263,18 +266,48 @@ def effect_table(
 
 def resolve_table(table: str | Table) -> Table:
     """Return ``table`` itself, or the inbox table named by ``"name"`` or ``"schema.name"``."""
+    return _resolve(table, "inbox", {"message_id", "handler", "processed_at"})
+
+
+def resolve_outbox_table(table: str | Table) -> Table:
+    """Return ``table`` itself, or the outbox table named ``"name"`` or ``"schema.name"``."""
+    return _resolve(table, "outbox", {"id", "headers", "body", "available_at"})
+
+
+def resolve_effect_table(table: str | Table) -> Table:
+    """Return ``table`` itself, or the effect table named ``"name"`` or ``"schema.name"``."""
+    return _resolve(table, "effect", {"effect_key", "claim_key", "status", "attempts"})
+
+
+_named: dict[tuple[str, str], Table] = {}  # one Table per name: the outbox maps a class on it
+_named_lock: Final = threading.Lock()
+
+
+def _resolve(table: str | Table, what: str, columns: set[str]) -> Table:
     if isinstance(table, Table):
+        missing = columns - set(table.c.keys())
+        if missing:
+            raise ValueError(
+                f"table {table.fullname!r} is not an {what} table (no column "
+                f"{', '.join(sorted(missing))}); define it with inbox.schema.{what}_table()"
+            )
         return table
     if not isinstance(table, str):
         raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
-    if table == DEFAULT_TABLE_NAME:
-        return inbox_message
+    default = _DEFAULTS[what]
+    if table == default.name:
+        return default
     schema, dot, name = table.rpartition(".")
     if dot and not schema:
         raise ValueError(
-            f"inbox table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
+            f"{what} table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
         )
-    return inbox_table(MetaData(), name, schema=schema or None)
+    with _named_lock:
+        named = _named.get((what, table))
+        if named is None:
+            build = _BUILDERS[what]
+            named = _named[what, table] = build(MetaData(), name, schema=schema or None)
+        return named
 
 
 metadata: Final = MetaData()
@@ -288,3 +321,6 @@ outbox_message: Final = outbox_table(metadata)
 
 inbox_effect: Final = effect_table(metadata)
 """The default effect table, ``inbox_effect``."""
+
+_DEFAULTS: Final = {"inbox": inbox_message, "outbox": outbox_message, "effect": inbox_effect}
+_BUILDERS: Final = {"inbox": inbox_table, "outbox": outbox_table, "effect": effect_table}

@@ -22,12 +22,12 @@ from inbox._effects import (
     log_superseded,
     now,
     refuse_sqlite_claim_store,
-    resolve_effect_table,
     result_refused,
 )
 from inbox._retry import Backoff, is_transient
 from inbox.aio._completion import run_to_completion
 from inbox.aio._retry import run_with_retries
+from inbox.schema import resolve_effect_table
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Final
 
-from sqlalchemy import MetaData, Table
+from sqlalchemy import Table
 from sqlalchemy.orm import Mapper, registry
 
-from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
+from inbox.schema import resolve_outbox_table
 
 __all__ = ["OutboxRecord", "record_class", "resolve_outbox_table"]
 
 _registry: Final = registry()
 _classes: dict[Table, type[OutboxRecord]] = {}
-_named: dict[str, Table] = {}  # one Table (so one mapped class) per name, however many Outboxes
 _lock: Final = threading.Lock()
 
 
@@ -36,33 +35,6 @@ class OutboxRecord:
 
     def __repr__(self) -> str:
         return f"<outbox row {self.__dict__.get('id')} type={self.__dict__.get('type')!r}>"
-
-
-def resolve_outbox_table(table: str | Table) -> Table:
-    """``table`` itself, or the outbox table named ``"name"`` or ``"schema.name"`` (plain
-    identifiers; the default ``outbox_message`` is :data:`inbox.schema.outbox_message`)."""
-    if isinstance(table, Table):
-        missing = {"id", "headers", "body", "available_at"} - set(table.c.keys())
-        if missing:
-            raise ValueError(
-                f"table {table.fullname!r} is not an outbox table (no column "
-                f"{', '.join(sorted(missing))}); define it with inbox.schema.outbox_table()"
-            )
-        return table
-    if not isinstance(table, str):
-        raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
-    if table == DEFAULT_OUTBOX_TABLE_NAME:
-        return outbox_message
-    schema, dot, name = table.rpartition(".")
-    if dot and not schema:
-        raise ValueError(
-            f"outbox table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
-        )
-    with _lock:
-        named = _named.get(table)
-        if named is None:
-            named = _named[table] = outbox_table(MetaData(), name, schema=schema or None)
-        return named
 
 
 def record_class(table: Table) -> type[OutboxRecord]:

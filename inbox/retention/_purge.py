@@ -11,7 +11,6 @@ from typing import Final
 
 from sqlalchemy import URL, Engine, Table, create_engine
 
-from inbox._effects import resolve_effect_table
 from inbox.retention._batches import count_expired, delete_in_batches
 from inbox.retention._catalog import is_partitioned, list_partitions
 from inbox.retention._drop import drop_partitions
@@ -22,7 +21,12 @@ from inbox.retention._effects import (
 )
 from inbox.retention._ids import first_id_at
 from inbox.retention._layout import partition_table
-from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME, resolve_table
+from inbox.schema import (
+    DEFAULT_EFFECT_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    resolve_effect_table,
+    resolve_table,
+)
 
 __all__ = ["MAX_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]
 

@@ -394,3 +394,43 @@ def test_release_clears_the_records_of_real_effects_so_they_are_called_again(
     inbox.process(message)
     assert len(calls) == 2
     assert calls[0] == calls[1]  # the same key: the card processor deduplicates by it
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlq", "list", "--queue", "q", "--broker", "amqp://u:se#cret@127.0.0.1:1//"],
+        ["dlq", "replay", "--queue", "q", "--broker", "amqp://u:se/cret@127.0.0.1:1//"],
+        ["dlq", "purge", "--queue", "q", "--broker", "amqp://u:secret@127.0.0.1:1//"],
+        [
+            "status",
+            "--database-url",
+            "sqlite://",
+            "--queue",
+            "q",
+            "--broker",
+            "amqp://u:se#cret@h//",
+        ],
+        [
+            "cleanup",
+            "--days",
+            "3",
+            "--database-url",
+            "sqlite://",
+            "--queue",
+            "q",
+            "--broker",
+            "amqp://u:se#cret@h//",
+        ],
+        ["status", "--database-url", "postgresql+psycopg://u:se@cret@127.0.0.1:1/db"],
+    ],
+)
+def test_no_error_shows_a_password(argv: list[str]) -> None:
+    out, err = io.StringIO(), io.StringIO()
+
+    code = admin_main(argv, stdout=out, stderr=err)
+
+    assert code in (1, 2)
+    assert "cret" not in out.getvalue() + err.getvalue()
+    [line] = [x for x in err.getvalue().splitlines() if x.startswith("inbox: error:")]
+    assert "percent-encode" in line or "***" in line

@@ -27,6 +27,7 @@ from inbox._cli import (
 from inbox.admin._dlq import dead_letter_queue, depth, hold, open_channel
 from inbox.broker import headers as h
 from inbox.broker.cli import BROKER_URL_ENV
+from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.retention.cli import cleanup_main
 
 __all__ = ["MAX_SCANNED", "Oldest", "guarded_cleanup", "guarded_days", "oldest_dead_letter"]
@@ -80,6 +81,7 @@ def guarded_cleanup(argv: list[str], out: TextIO, err: TextIO) -> int:
         err.write(f"inbox: error: --queue needs a broker: pass --broker or set {BROKER_URL_ENV}\n")
         return EXIT_USAGE
     try:
+        broker_connection(broker)  # a ValueError that never echoes the URL
         with open_channel(broker) as channel:
             found = [oldest_dead_letter(channel, queue) for queue in known.queue]
     except ValueError as exc:

@@ -37,6 +37,7 @@ from inbox.admin import _claims, _commands
 from inbox.admin._dlq_commands import dlq, duration
 from inbox.admin._guard import guarded_cleanup
 from inbox.broker.cli import BROKER_URL_ENV
+from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -263,6 +264,7 @@ def _broker_url(args: argparse.Namespace) -> str | None:
     url: str | None = args.broker or os.environ.get(BROKER_URL_ENV)
     if not url:
         raise UsageError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
+    broker_connection(url)  # a ValueError that never echoes the URL when it does not parse
     return url
 
 

@@ -434,3 +434,20 @@ def test_no_error_shows_a_password(argv: list[str]) -> None:
     assert "cret" not in out.getvalue() + err.getvalue()
     [line] = [x for x in err.getvalue().splitlines() if x.startswith("inbox: error:")]
     assert "percent-encode" in line or "***" in line
+
+
+def test_status_counts_the_partitions_of_a_partitioned_table(pg_db: Database) -> None:
+    from inbox.partitioning import create_partitioned_table, list_partitions
+
+    inbox_message.drop(pg_db.engine)
+    with pg_db.engine.begin() as connection:
+        create_partitioned_table(connection, days_ahead=2)
+    make_inbox(pg_db).process(order("50"))
+
+    code, out, _ = run(pg_db, "status", "--json")
+
+    assert code == 0
+    report = json.loads(out)
+    assert report["partitions"] == len(list_partitions(pg_db.engine)) >= 4
+    assert report["size_bytes"] > 0
+    assert sum(c["count"] for c in report["claims"]) == 3

@@ -14,6 +14,7 @@ rows behind it go on. The manual is ``docs/outbox.md``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -115,7 +116,8 @@ class Relay:
         connect to the broker, each retried up to ``max_retries`` times: call this before
         :meth:`run` to fail fast on a bad configuration. Raises what failed."""
         wait_for_schema(self.engine, [self._rows.table], retries=max_retries or 0)
-        self._publisher.connect(self._stop_check, max_retries=max_retries)
+        with contextlib.suppress(_Stopped):  # told to stop meanwhile: run() returns at once
+            self._publisher.connect(self._stop_check, max_retries=max_retries)
 
     def run(self) -> None:
         """Send rows until :meth:`stop`, reconnecting to the broker and the database for

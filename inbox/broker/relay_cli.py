@@ -162,6 +162,7 @@ def relay_main(
 
 def _run(relay: Relay, retries: int, err: TextIO) -> int:
     where = safe_uri(relay.connection)
+    install_signal_handlers(relay)  # a stop while connecting is a clean stop too
     try:
         relay.prepare(max_retries=retries)
     except KeyboardInterrupt:
@@ -178,7 +179,6 @@ def _run(relay: Relay, retries: int, err: TextIO) -> int:
         )
         err.write(f"inbox-relay: error: {line}\n")
         return EXIT_DATABASE_ERROR
-    install_signal_handlers(relay)
     try:
         relay.run()
     except KeyboardInterrupt:

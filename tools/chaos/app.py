@@ -13,6 +13,11 @@ Faults the app injects into itself, from the environment (set by ``run.py``):
   calls a fake provider through ``inbox.effect`` in this mode; the provider is the file
   ``CHAOS_PROVIDER_FILE``, one ``<op> <key>`` line per call;
 * ``CHAOS_KILL_IN_CALL``: probability of SIGKILL inside that call, after the provider has it.
+* ``CHAOS_OUTBOX`` (the outbox stage, see outbox_stage.py): when set, the handler also
+  publishes a ``followup`` message through the outbox, in its own transaction; relays send
+  it to the ``followups`` queue, where ``inbox-worker app:followup_inbox`` (a second inbox,
+  with its own claim table) commits one ``chaos_followup`` row per operation, under the same
+  kills and handler failures.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import signal
 import sys
 import uuid
 
-from chaos_tables import effects
+from chaos_tables import FOLLOWUP_CLAIMS, effects, followups
 from sqlalchemy import create_engine, event, insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import Inbox, Message
+from inbox import Inbox, Message, Outbox
 
 FAIL_RATE = float(os.environ.get("CHAOS_FAIL_RATE", "0"))
 POISON_EVERY = int(os.environ.get("CHAOS_POISON_EVERY", "0"))
@@ -36,11 +41,15 @@ KILL_AFTER_COMMIT = float(os.environ.get("CHAOS_KILL_AFTER_COMMIT", "0"))
 EFFECT_MODE = os.environ.get("CHAOS_EFFECT_MODE") or None
 PROVIDER_FILE = os.environ.get("CHAOS_PROVIDER_FILE", "")
 KILL_IN_CALL = float(os.environ.get("CHAOS_KILL_IN_CALL", "0"))
+OUTBOX = bool(os.environ.get("CHAOS_OUTBOX"))
+FOLLOWUP_QUEUE = "followups"
 _KILL_FLAG = "chaos.kill_after_commit"
 
 engine = create_engine(os.environ["CHAOS_DATABASE_URL"], pool_size=2, pool_pre_ping=True)
 sessions = sessionmaker(engine)
 inbox = Inbox(sessions, transient_retries=5)
+followup_inbox = Inbox(sessions, table=FOLLOWUP_CLAIMS, transient_retries=5)
+outbox = Outbox()
 
 
 def _die(where: str, op: int) -> None:
@@ -72,8 +81,21 @@ def apply(message: Message, session: Session) -> None:
     if EFFECT_MODE is not None:
         inbox.effect("provider.call", lambda key: _provider_call(op, key), mode=EFFECT_MODE)
     session.execute(insert(effects).values(op=op, pid=os.getpid()))
+    if OUTBOX:
+        outbox.publish(session, "followup", {"op": op}, routing_key=FOLLOWUP_QUEUE)
     if POISON_EVERY and op % POISON_EVERY == 0:
         raise ValueError(f"operation {op} is poison")
+    _faults(op, session)
+
+
+@followup_inbox.handler("followup", name="ledger.follow")
+def follow(message: Message, session: Session) -> None:
+    op = int(message.body["op"])
+    session.execute(insert(followups).values(op=op, pid=os.getpid()))
+    _faults(op, session)
+
+
+def _faults(op: int, session: Session) -> None:
     if random.random() < FAIL_RATE:
         raise RuntimeError(f"operation {op}: injected handler failure")
     if random.random() < KILL_IN_HANDLER:

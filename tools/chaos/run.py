@@ -4,6 +4,7 @@
     .venv/bin/python tools/chaos/run.py --database mariadb    # the same on MariaDB
     .venv/bin/python tools/chaos/run.py --soak                # 200,000 ops + a DB restart
     .venv/bin/python tools/chaos/run.py --cluster both        # clusters: see cluster_mode.py
+    .venv/bin/python tools/chaos/run.py --outbox              # follow-ups: see outbox_stage.py
 
 Publishes N business operations through RabbitMQ (a vhost of its own) with duplicates:
 copies under the same message id (producer retries, redeliveries) and copies under a fresh id
@@ -45,6 +46,15 @@ from chaos_tables import effects, metadata
 from cluster_mode import CLUSTERS, ClusterMode
 from effect_stage import MODES, PROVIDER_FILE, effect_report, provider_calls, report_lines
 from kombu import Connection
+from outbox_stage import (
+    FOLLOWUP_QUEUE,
+    FOLLOWUP_TARGET,
+    Relays,
+    followup_ledger,
+    outbox_pending,
+    outbox_report,
+)
+from outbox_stage import report_lines as outbox_lines
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
@@ -84,6 +94,8 @@ class Settings:
     cluster_fault_interval: float = 8.0
     effects: str | None = None
     kill_in_call: float = 0.0
+    outbox: bool = False
+    relays: int = 2
 
 
 @dataclass
@@ -164,6 +176,8 @@ class Workers:
         self.run = Run()
         self.lock = threading.Lock()
         self.extra_args: list[str] = []
+        self.target, self.queue, self.count = "app:inbox", QUEUE, settings.workers
+        self.logs_of: list[Path] = []  # the log of each process in self.processes
 
     def start(self) -> subprocess.Popen[bytes]:
         script = Path(sys.executable).with_name("inbox-worker")
@@ -179,11 +193,12 @@ class Workers:
             "CHAOS_EFFECT_MODE": self.settings.effects or "",
             "CHAOS_PROVIDER_FILE": str(self.logs / PROVIDER_FILE),
             "CHAOS_KILL_IN_CALL": str(self.settings.kill_in_call),
+            "CHAOS_OUTBOX": "1" if self.settings.outbox else "",
         }
         with log.open("wb") as stderr:
             process = subprocess.Popen(
                 [
-                    *command, "app:inbox", "--broker", self.broker, "--queue", QUEUE,
+                    *command, self.target, "--broker", self.broker, "--queue", self.queue,
                     "--prefetch", "20", "--max-tries", "8", "--retry-delays", "0.1,0.3,1",
                     "--log-level", "DEBUG", "--stats-interval", "3600",
                     "--connect-retries", "30", *self.extra_args,
@@ -199,7 +214,8 @@ class Workers:
 
     def start_all(self) -> None:
         with self.lock:
-            self.processes = [self.start() for _ in range(self.settings.workers)]
+            self.processes = [self.start() for _ in range(self.count)]
+            self.logs_of = self.log_files[-self.count :]
 
     def respawn_dead(self) -> None:
         with self.lock:
@@ -208,6 +224,7 @@ class Workers:
                 if code is not None:
                     self.run.exits["SIGKILL" if code == -signal.SIGKILL else f"exit {code}"] += 1
                     self.processes[i] = self.start()
+                    self.logs_of[i] = self.log_files[-1]
 
     def kill_one(self, rng: random.Random) -> None:
         with self.lock:
@@ -215,6 +232,14 @@ class Workers:
 
     def stop_all(self) -> list[int]:
         with self.lock:
+            # A worker respawned just now may not have installed its signal handlers yet
+            # (a SIGTERM would end it with -15): wait until it consumes.
+            deadline = time.monotonic() + 60
+            for process, log in zip(self.processes, self.logs_of, strict=True):
+                while process.poll() is None and time.monotonic() < deadline:
+                    if "consuming " in log.read_text(errors="replace"):
+                        break
+                    time.sleep(0.2)
             for process in self.processes:
                 if process.poll() is None:
                     process.send_signal(signal.SIGTERM)
@@ -366,6 +391,7 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         stack.callback(workers.stop_all)  # however the run ends, no worker outlives it
         run = workers.run
         started = time.monotonic()
+        stage = _outbox_stage(settings, broker, url, logs, stack)
         workers.start_all()
         published = threading.Event()
         publisher = threading.Thread(
@@ -393,6 +419,8 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         next_fault = time.monotonic() + settings.fault_interval
         while True:
             workers.respawn_dead()
+            for pool in stage:
+                pool.respawn_dead()
             now = time.monotonic()
             if now - started > settings.timeout:
                 raise SystemExit(f"chaos: not settled after {settings.timeout} s")
@@ -405,6 +433,10 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             settled = published.is_set() and (
                 may_lose or uncertain or len(counts) >= settings.ops - len(poison)
             )
+            if settled and settings.outbox:  # every committed operation's follow-up is in
+                settled = outbox_pending(engine) == 0 and len(followup_ledger(engine)) >= len(
+                    counts
+                )
             if settled:
                 depths = queue_depths(vhost_name, ctl)
                 busy = {q: n for q, n in depths.items() if q != f"{QUEUE}.dlq" and n}
@@ -415,11 +447,12 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
                 if quiet and dead_letters >= len(poison) and accounted:
                     break
             if now >= next_fault and not settled:
-                kind = rng.choice(
-                    ["kill_worker", "close_amqp_connections", "terminate_db_sessions"]
-                )
+                kinds = ["kill_worker", "close_amqp_connections", "terminate_db_sessions"]
+                kind = rng.choice([*kinds, "kill_relay"] if settings.outbox else kinds)
                 if kind == "kill_worker":
                     workers.kill_one(rng)
+                elif kind == "kill_relay":
+                    stage[0].kill_one(rng.choice)
                 elif kind == "close_amqp_connections":
                     ctl("close_all_connections", "--vhost", vhost_name, "chaos")
                 else:
@@ -440,7 +473,11 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
             mode.stop_faults()
         wall = time.monotonic() - started
         exit_codes = workers.stop_all()
+        relay_codes = stage[0].stop_all() if stage else []
+        followup_codes = stage[1].stop_all() if stage else []
         counts = ledger(engine)
+        follow = followup_ledger(engine) if stage else Counter()
+        pending = outbox_pending(engine) if stage else 0
         dead = drain_dead_letters(broker)
         final_depths = queue_depths(vhost_name, ctl)
         for _ in range(int(quiet_needed * 3)):  # the late depths of quorum queues catch up
@@ -492,6 +529,17 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
     if settings.effects:
         calls = provider_calls(logs / PROVIDER_FILE)
         report["effects"] = effect_report(settings.effects, calls, counts, dead)
+    if stage:
+        report["outbox"] = outbox_report(
+            counts,
+            follow,
+            pending=pending,
+            relay_logs=stage[0].log_files,
+            relay_exits=stage[0].exits,
+            final_codes=relay_codes,
+        )
+        report["outbox"]["followup_worker_exit_codes"] = followup_codes
+        report["outbox"]["sound"] &= all(code == 0 for code in followup_codes)
     if cluster_report is not None:
         report["cluster"] = cluster_report
         faults = report["faults_injected"]
@@ -505,12 +553,31 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         and all(code == 0 for code in exit_codes)
         and set(run.exits) <= {"SIGKILL"}  # a worker died only when the harness killed it
         and report.get("effects", {}).get("sound", True)
+        and report.get("outbox", {}).get("sound", True)
     )
     report["exact"] = sound and not missing
     # With asynchronous replication a lost operation is the measured cost, not a bug.
     report["loss_expected"] = may_lose
     report["sound"] = sound and (may_lose or not missing)
     return report
+
+
+def _outbox_stage(
+    settings: Settings, broker: str, url: str, logs: Path, stack: ExitStack
+) -> tuple[Relays, Workers] | tuple[()]:
+    """With ``--outbox``: the follow-up workers (started first: they declare the queue the
+    relays send to) and the relays, stopped however the run ends."""
+    if not settings.outbox:
+        return ()
+    followers = Workers(settings, broker, url, logs)
+    followers.target, followers.queue, followers.count = FOLLOWUP_TARGET, FOLLOWUP_QUEUE, 2
+    stack.callback(followers.stop_all)
+    followers.start_all()
+    relays = Relays(settings.relays, broker, url, logs)
+    stack.callback(relays.stop_all)
+    time.sleep(2.0)  # the follow-up queue exists before the first row is relayed
+    relays.start_all()
+    return relays, followers
 
 
 def restart_database(kind: str) -> None:
@@ -569,6 +636,8 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
         lines.insert(-1, f"  cluster                       {report['cluster']}")
     if "effects" in report:
         lines[-1:-1] = report_lines(report["effects"])
+    if "outbox" in report:
+        lines[-1:-1] = outbox_lines(report["outbox"])
     print("\n".join(lines))
 
 
@@ -597,6 +666,10 @@ def main(argv: list[str] | None = None) -> int:
         "--effects", choices=MODES, default=None, help="the effect stage (effect_stage.py)"
     )
     parser.add_argument("--kill-in-call", type=float, default=0.002)
+    parser.add_argument(
+        "--outbox", action="store_true", help="the outbox stage (outbox_stage.py): follow-ups"
+    )
+    parser.add_argument("--relays", type=int, default=2, help="inbox-relay processes (--outbox)")
     args = parser.parse_args(argv)
     pg_cluster = args.cluster in ("postgres", "both")
     if pg_cluster and args.database != "postgresql":
@@ -621,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster_fault_interval=args.cluster_fault_interval,
         effects=args.effects,
         kill_in_call=args.kill_in_call if args.effects else 0.0,
+        outbox=args.outbox,
+        relays=args.relays,
     )
     report = chaos(settings)
     print_report(report, settings)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from inbox._batch_handlers import batched
 from inbox._commit_guard import Guards
 from inbox._handlers import RegisteredHandler, Registry
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement
@@ -247,7 +248,8 @@ class BatchProcessor:
                 name: set(transaction.claim_many(keys, name))
                 for name, keys in claims_to_make(self._registry, batch)
             }
-            for handler, message, key in handlers_to_run(batch, won, settlements):
+            runs = handlers_to_run(batch, won, settlements)
+            for handler, message, key in batched(runs, asynchronous=False):
                 transaction.run(handler, message, self._guards[handler.name], key)
             transaction.commit()
         return finish(settlements)

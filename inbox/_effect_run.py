@@ -55,7 +55,7 @@ def current_run(owner: object) -> HandlerRun:
         raise EffectError(
             "inbox.effect() works only while a handler of this inbox runs (it needs the "
             "handler's claim key): call it from inside the handler, in the handler's own thread "
-            "or task"
+            "or task; a batch handler has no single claim key, so it cannot make effects"
         )
     if run.owner is not owner:
         raise EffectError(

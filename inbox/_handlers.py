@@ -38,7 +38,11 @@ KeyFunc: TypeAlias = Callable[[Message], str | uuid.UUID | bytes]
 @dataclass(frozen=True, slots=True)
 class RegisteredHandler:
     """A handler as registered: its stable name, the type it takes (None: all), its key,
-    and its ``body=`` type with the parser that checks a body against it (None: any body)."""
+    and its ``body=`` type with the parser that checks a body against it (None: any body).
+
+    A batch handler (``batch_handler``) also keeps its list-taking function in ``batch``
+    (``func`` calls it with one message); ``typed`` is the message with its validated body
+    on a copy made by :meth:`bound_to`."""
 
     name: str
     message_type: str | None
@@ -46,13 +50,16 @@ class RegisteredHandler:
     key: KeyFunc | None
     body_type: type[Any] | None = None
     parse_body: Callable[[object], object] | None = None
+    batch: Callable[[list[Message], Any], object] | None = None
+    typed: Message | None = None
 
     def bound_to(self, message: Message) -> RegisteredHandler:
         """A copy whose ``func`` and ``key`` are called with ``message`` (the delivered
         message with its body validated) whatever message they are given: what planning
         hands on for a handler with ``body=``, so every way of running handlers passes it."""
         key = None if self.key is None else functools.partial(_key_with, self.key, message)
-        return replace(self, func=functools.partial(_call_with, self.func, message), key=key)
+        func = functools.partial(_call_with, self.func, message)
+        return replace(self, func=func, key=key, typed=message)
 
     def claim_key(self, message: Message) -> bytes:
         """The 16 bytes this handler claims ``message`` under: its ``key=`` function's value,

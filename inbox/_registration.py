@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
 
+from inbox._batch_handlers import check_batch_handler, one_element
 from inbox._bodies import body_parser
 from inbox._claim import Claims
 from inbox._commit_guard import Guards, transaction_guards
@@ -99,11 +100,18 @@ class InboxBase(abc.ABC, Generic[S]):
         return tuple(self._registry)
 
     def _decorator(
-        self, func_or_type: Any, name: str | None, key: KeyFunc | None, body: object = None
+        self,
+        func_or_type: Any,
+        name: str | None,
+        key: KeyFunc | None,
+        body: object = None,
+        *,
+        batch: bool = False,
     ) -> Any:
-        """The body of ``handler()``: register a bare function, or return the decorator."""
+        """The body of ``handler()`` (``batch_handler()`` with ``batch=True``): register a
+        bare function, or return the decorator."""
         if callable(func_or_type) and not isinstance(func_or_type, str):
-            return self._register(func_or_type, None, name=name, key=key, body=body)
+            return self._register(func_or_type, None, name=name, key=key, body=body, batch=batch)
         message_type = func_or_type
         if message_type is not None and (not isinstance(message_type, str) or not message_type):
             raise RegistrationError(
@@ -111,7 +119,7 @@ class InboxBase(abc.ABC, Generic[S]):
             )
 
         def decorate(func: F) -> F:
-            return self._register(func, message_type, name=name, key=key, body=body)
+            return self._register(func, message_type, name=name, key=key, body=body, batch=batch)
 
         return decorate
 
@@ -123,6 +131,7 @@ class InboxBase(abc.ABC, Generic[S]):
         name: str | None,
         key: KeyFunc | None,
         body: object = None,
+        batch: bool = False,
     ) -> F:
         if not callable(func):
             raise RegistrationError(f"a handler must be callable, got {type(func).__name__}")
@@ -132,12 +141,24 @@ class InboxBase(abc.ABC, Generic[S]):
         if key is not None:
             refuse_async(key, what="key function")  # keys are derived before any I/O
         handler_name = validate_name(default_name(func) if name is None else name)
+        one: Callable[..., Any] = func
+        if batch:  # called once per batch with a list; with [message] per message
+            check_batch_handler(handler_name, self._middleware)
+            one = one_element(func, asynchronous=self._ASYNCHRONOUS)
         # The async inbox calls it as what it is; the middleware chain is built here, once.
-        handler_func = wrap_handler(func, self._middleware, asynchronous=self._ASYNCHRONOUS)
+        handler_func = wrap_handler(one, self._middleware, asynchronous=self._ASYNCHRONOUS)
         body_type = None if body is None else cast("type[Any]", body)
         parse = None if body is None else body_parser(body)
         self._registry.add(
-            RegisteredHandler(handler_name, message_type, handler_func, key, body_type, parse)
+            RegisteredHandler(
+                handler_name,
+                message_type,
+                handler_func,
+                key,
+                body_type,
+                parse,
+                batch=func if batch else None,
+            )
         )
         self._guards[handler_name] = transaction_guards(handler_name)
         return func

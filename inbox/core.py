@@ -11,6 +11,7 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.orm import Session
 
 from inbox._batch import BatchProcessor
+from inbox._batch_handlers import BatchHandlerFunc
 from inbox._effect_ledger import EffectMode
 from inbox._effects import EffectCall, Effects
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
@@ -29,6 +30,7 @@ from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 __all__ = ["Inbox"]
 
 H = TypeVar("H", bound=HandlerFunc)
+BH = TypeVar("BH", bound=BatchHandlerFunc)
 B = TypeVar("B")  # a handler's body= type
 R = TypeVar("R")
 
@@ -133,6 +135,57 @@ class Inbox(InboxBase[Session]):
         The decorator only registers: it returns the function unchanged.
         """
         return self._decorator(func_or_type, name, key, body)
+
+    @overload
+    def batch_handler(self, func: BH, /) -> BH: ...
+
+    @overload
+    def batch_handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Callable[[BH], BH]: ...
+
+    @overload
+    def batch_handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        body: type[B],
+        name: str | None = None,
+        key: Callable[[Message[B]], str | uuid.UUID | bytes] | None = None,
+    ) -> Callable[
+        [Callable[[list[Message[B]], Session], R]], Callable[[list[Message[B]], Session], R]
+    ]: ...
+
+    def batch_handler(
+        self,
+        func_or_type: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+        body: type[Any] | None = None,
+    ) -> Any:
+        """Register a batch handler: ``func(messages, session)``, called with a LIST of
+        messages, to write them all with one ``executemany`` or multi-row statement.
+
+        In :meth:`process_batch` (the worker's ``--batch-size``) it is called once per batch
+        transaction with the messages whose claims the batch won, in batch order: each
+        message still has its own claim ``(key, name)``, duplicates never reach it, and a
+        failure rolls the batch back and bisects it down to the failing message, as for
+        per-message handlers. :meth:`process` calls it with a one-element list. The options
+        (bare or with a type, ``name=``, ``key=``, ``body=``) are those of :meth:`handler`;
+        ``inbox.effect`` is not available inside it, and an inbox with ``middleware=`` refuses
+        it. See docs/guide.md, "Batch handlers".
+
+        The decorator only registers: it returns the function unchanged.
+        """
+        return self._decorator(func_or_type, name, key, body, batch=True)
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
         refuse_async(func)

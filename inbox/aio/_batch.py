@@ -18,6 +18,7 @@ from inbox._batch import (
     settle,
     split,
 )
+from inbox._batch_handlers import batched
 from inbox._commit_guard import Guards
 from inbox._handlers import Registry
 from inbox._plan import Planned, Settlement
@@ -92,7 +93,8 @@ class AsyncBatchProcessor:
                 name: set(await transaction.claim_many(keys, name))
                 for name, keys in claims_to_make(self._registry, batch)
             }
-            for handler, message, key in handlers_to_run(batch, won, settlements):
+            runs = handlers_to_run(batch, won, settlements)
+            for handler, message, key in batched(runs, asynchronous=True):
                 await transaction.run(handler, message, self._guards[handler.name], key)
             await transaction.commit()
         return finish(settlements)

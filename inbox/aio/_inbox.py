@@ -33,6 +33,7 @@ AsyncHandlerFunc: TypeAlias = Callable[[Message, AsyncSession], Awaitable[object
 """An async handler: awaited with the message and the ``AsyncSession`` holding the claim."""
 
 A = TypeVar("A", bound=AsyncHandlerFunc)
+AB = TypeVar("AB", bound=Callable[[list[Message], AsyncSession], Awaitable[object]])
 B = TypeVar("B")  # a handler's body= type
 R = TypeVar("R")
 
@@ -140,6 +141,51 @@ class AsyncInbox(InboxBase[AsyncSession]):
         The decorator only registers: it returns the function unchanged.
         """
         return self._decorator(func_or_type, name, key, body)
+
+    @overload
+    def batch_handler(self, func: AB, /) -> AB: ...
+
+    @overload
+    def batch_handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+    ) -> Callable[[AB], AB]: ...
+
+    @overload
+    def batch_handler(
+        self,
+        message_type: str | None = None,
+        /,
+        *,
+        body: type[B],
+        name: str | None = None,
+        key: Callable[[Message[B]], str | uuid.UUID | bytes] | None = None,
+    ) -> Callable[
+        [Callable[[list[Message[B]], AsyncSession], Awaitable[R]]],
+        Callable[[list[Message[B]], AsyncSession], Awaitable[R]],
+    ]: ...
+
+    def batch_handler(
+        self,
+        func_or_type: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        key: KeyFunc | None = None,
+        body: type[Any] | None = None,
+    ) -> Any:
+        """Register an ``async def`` batch handler ``(messages, session)``: what
+        :meth:`inbox.Inbox.batch_handler` registers, awaited (once per
+        :meth:`process_batch` transaction with the messages it won; with a one-element
+        list by :meth:`process`).
+
+        The decorator only registers: it returns the function unchanged.
+        """
+        return self._decorator(func_or_type, name, key, body, batch=True)
 
     def _check_handler(self, func: Callable[..., Any]) -> None:
         require_async(func)

@@ -29,6 +29,7 @@ from inbox._startup import (
     wait_for_schema,
 )
 from inbox.broker.cli import worker_main
+from inbox.broker.relay_cli import relay_main
 from inbox.schema import inbox_effect, inbox_message, metadata, outbox_message
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,6 +301,8 @@ def test_version_names_the_release_and_the_schema_revision(
     out = capsys.readouterr().out
     assert out.startswith("inbox-worker ")
     assert out.endswith(f"(inbox schema revision {required_revision()})\n")
+    assert relay_main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("inbox-relay ")
 
 
 def test_an_unreadable_version_table_falls_back_to_the_columns(pg_db: Database) -> None:

@@ -23,6 +23,8 @@ from inbox._cli import (
     EXIT_USAGE,
     UsageError,
     UsageParser,
+    VersionRequested,
+    add_version,
     database_error_line,
     database_url,
     first_line,
@@ -105,6 +107,7 @@ def _relay_parser() -> UsageParser:
     parser.add_argument(
         "--log-format", choices=LOG_FORMATS, default="text", help="one line per record"
     )
+    add_version(parser)
     return parser
 
 
@@ -148,6 +151,9 @@ def relay_main(
             listen=args.listen,
             stats_interval=args.stats_interval,
         )
+    except VersionRequested as version:
+        out.write(f"{version.line}\n")
+        return EXIT_OK
     except (UsageError, ValueError, TypeError, ImportError) as exc:
         err.write(parser.format_usage())
         err.write(f"inbox-relay: error: {mask_urls(str(exc))}\n")

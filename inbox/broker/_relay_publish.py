@@ -100,9 +100,11 @@ class BatchPublisher:
         self._open_channel()
 
     def check_alive(self) -> None:
-        """Read what the broker sent while the relay was idle (a close, heartbeats)."""
+        """Read what the broker sent while the relay was idle (a close, heartbeats), and send
+        a heartbeat when one is due (with ``?heartbeat=N`` in the broker URL)."""
         if not self._connection.connected:
             raise BrokerLost("not connected")
+        self._connection.heartbeat_check()
         try:
             self._connection.drain_events(timeout=0)
         except TimeoutError:  # socket.timeout: nothing waiting

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from kombu.message import Message as Delivery
 
 from inbox.broker import headers as h
+from inbox.broker._acks import AckTracker
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._inbound import read_delivery
 from inbox.broker._observe import observe_decision, traced_batch, traced_delivery
@@ -70,6 +71,8 @@ class Dispatcher:
         self.halted_by: BaseException | None = None
         self._system = "rabbitmq" if native_delays else "kombu"  # messaging.system
         self.last_activity = time.monotonic()
+        self.acks = AckTracker(multiple=native_delays)
+        self._deferred: list[Delivery] | None = None  # a batch's acks, sent together
 
     def give_back(self, delivery: Delivery) -> None:
         """Requeue ``delivery`` untouched."""
@@ -82,6 +85,7 @@ class Dispatcher:
         """Process one delivery through ``Inbox.process`` and settle it."""
         with traced_delivery(self._system, topology.name, delivery):
             self._handle(topology, delivery, decode_error)
+        self.acks.settled([delivery])
 
     def _handle(
         self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
@@ -100,8 +104,20 @@ class Dispatcher:
     def handle_batch(self, batch: Sequence[Inbound]) -> None:
         """Process ``batch`` through ``Inbox.process_batch`` and settle each delivery."""
         queues = [topology.name for topology, _, _ in batch]
-        with traced_batch(self._system, queues, [delivery for _, delivery, _ in batch]):
-            self._handle_batch(batch)
+        deliveries = [delivery for _, delivery, _ in batch]
+        with traced_batch(self._system, queues, deliveries):
+            deferred: list[Delivery] = []
+            self._deferred = deferred
+            try:
+                self._handle_batch(batch)
+            except BaseException:
+                for delivery in deferred:  # committed: acked as they would be one by one
+                    delivery.ack()
+                raise
+            finally:
+                self._deferred = None
+            # One basic.ack(multiple=True) where the tags allow it (see _acks.py).
+            self.acks.ack(deliveries, deferred, self._forwarder.holding)
 
     def _handle_batch(self, batch: Sequence[Inbound]) -> None:
         admitted = []
@@ -167,8 +183,12 @@ class Dispatcher:
         if isinstance(decision, Ack):
             # Ack only now: every handler's claim and effects are committed (or were by an
             # earlier delivery). A crash before this line means a redelivery, which the
-            # inbox skips as a duplicate; acking earlier could lose the message.
-            delivery.ack()
+            # inbox skips as a duplicate; acking earlier could lose the message. In a
+            # batch, the acks go out together once every delivery is settled.
+            if self._deferred is None:
+                delivery.ack()
+            else:
+                self._deferred.append(delivery)
             self._stats.acked += 1
         elif isinstance(decision, Halt):
             logger.critical("configuration error, stopping: %s", h.describe(decision.error))

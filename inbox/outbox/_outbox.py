@@ -58,29 +58,30 @@ class Outbox:
         The row is written with the session's next flush (at the latest, its commit), on
         the session's connection: the message is sent only if that transaction commits.
         Nothing is committed, flushed or begun here; ``session`` is a ``Session``, an
-        ``AsyncSession`` (no ``await`` needed) or a ``scoped_session``.
+        ``AsyncSession`` (no ``await`` needed) or a scoped session of either.
 
         The arguments follow :meth:`inbox.broker.Publisher.publish`: ``body`` goes out as
         JSON, or as ``application/octet-stream`` when it is ``bytes``; with
         ``content_type`` it must be ``bytes`` or ``str``. ``idempotency_key`` becomes the
         ``idempotency-key`` header (a consumer's inbox deduplicates on it). With
         OpenTelemetry, the current trace context is stored in the headers (``traceparent``;
-        one given in ``headers`` wins). ``message_id``
-        (default: a new UUIDv7) must not be in the outbox already: the flush would fail with
-        an ``IntegrityError``.
+        one given in ``headers`` wins). ``message_id`` (default: a new UUIDv7) must not be
+        in the outbox already: the flush would fail with an ``IntegrityError``.
 
         Raises :class:`~inbox.InvalidMessage` for an argument that cannot be sent (an empty
         type, an id that is no UUID, a body that does not encode, a header AMQP cannot
         carry, an empty ``idempotency_key``, a routing key over 255 bytes...) and
-        :class:`~inbox.SessionConfigurationError` for a session in autocommit mode or with
-        no bind for the outbox table, in both cases before anything is written.
+        :class:`~inbox.SessionConfigurationError` for a session in autocommit mode, with no
+        bind for the outbox table, or with ``autobegin=False`` and no transaction, in both
+        cases before anything is written.
         """
         if not isinstance(type, str) or not type:
+            got = "an empty str" if isinstance(type, str) else _name(type)
             raise InvalidArgumentType(
-                f"an outbox message needs a type (a non-empty str), got {type!r}"
+                f"an outbox message needs a type (a non-empty str), got {got}"
             )
         if not isinstance(routing_key, str):
-            raise InvalidArgumentType(f"routing_key must be a str, got {routing_key!r}")
+            raise InvalidArgumentType(f"routing_key must be a str, got {_name(routing_key)}")
         message = outgoing(
             type,
             body,

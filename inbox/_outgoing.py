@@ -128,8 +128,8 @@ def outgoing(
         _check_idempotency_key("idempotency_key", idempotency_key)
         if present is not None and present != idempotency_key:
             raise InvalidMessage(
-                f"idempotency_key={idempotency_key!r} contradicts the "
-                f"{IDEMPOTENCY_KEY_HEADER!r} header {present!r}"
+                f"idempotency_key={_short(idempotency_key)} contradicts the "
+                f"{IDEMPOTENCY_KEY_HEADER!r} header {_short(present)}"
             )
         merged[IDEMPOTENCY_KEY_HEADER] = idempotency_key
     merged = check_headers(merged)
@@ -164,7 +164,8 @@ def short_string(name: str, value: object) -> str:
 
 def _check_idempotency_key(name: str, value: object) -> None:
     if not isinstance(value, str) or not value:
-        raise InvalidMessage(f"{name} must be a non-empty str, got {value!r}")
+        got = repr(value) if isinstance(value, str) else _name(value)
+        raise InvalidMessage(f"{name} must be a non-empty str, got {got}")
     _utf8(name, value)
 
 
@@ -179,3 +180,8 @@ def _utf8(name: str, text: str) -> bytes:
 
 def _name(value: object) -> str:
     return type(value).__name__
+
+
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 60 else f"{shown[:40]}... ({len(text)} characters)"

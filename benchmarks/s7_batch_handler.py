@@ -1,0 +1,296 @@
+"""S7: a batch handler (one executemany per batch) vs the per-message worker and pgbench.
+
+    .venv/bin/python benchmarks/s7_batch_handler.py [--messages 3000] [--batch-messages 20000]
+        [--rounds 3] [--batch-size 100] [--seconds 5]
+
+In a fresh PostgreSQL schema, RabbitMQ → ``inbox.broker.Worker`` → PostgreSQL, every
+variant writing the same one-row ``INSERT INTO bench_order`` per message, alternating which
+goes first round by round:
+
+* per-message worker: ``batch_size=1``, prefetch ``--prefetch``, a per-message handler
+  (claim, insert, commit per message; one ack each), over ``--messages`` messages;
+* batch, per-message handler: ``batch_size=--batch-size``, the same handler (the worker's
+  batch mode before batch handlers: one transaction and one claim statement per batch, one
+  insert per message), over ``--batch-messages``;
+* batch, batch handler: the same batch mode with ``@inbox.batch_handler``: the batch's rows
+  in ONE executemany (psycopg: one multi-row ``INSERT``), one ack frame per batch;
+* pgbench, 1 client, prepared, ``-T --seconds``: ``BEGIN; INSERT; COMMIT`` (one transaction
+  per message: what one connection allows a design that commits every message) and the
+  same with the inbox's claim (S3's two scripts).
+
+A worker's rate is messages / (end of the last ``process``/``process_batch`` call - start of
+the first): the broker's delivery, the claims, the handler and the commits, without the
+connection set-up or the idle wait at the end. Messages are published before each run (not
+timed). Ratios are taken round by round, then the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import (
+    DEFAULT_BROKER,
+    DEFAULT_DATABASE,
+    Figure,
+    ScenarioReport,
+    alternate,
+    at_least,
+    fresh_schema,
+    median_spread,
+    plot_lines,
+    scenario_main,
+    server_version,
+)
+from kombu import Connection, Producer
+from s1_overhead import INSERT_ORDER, business, orders
+from s3_ceiling import PgBench
+from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from inbox import Inbox, Message
+from inbox.broker import Worker
+from inbox.broker._idle import delete_queues, run_until_idle
+from inbox.message import uuid7
+
+SCENARIO = "S7"
+TITLE = "batch handler: worker batch + one executemany vs per-message worker and pgbench"
+QUICK: dict[str, Any] = {"messages": 800, "batch_messages": 4000, "rounds": 2, "seconds": 2.0}
+
+PER_MESSAGE = "per-message worker"
+BATCH_SINGLE = "batch, per-message handler"
+BATCH_HANDLER = "batch, batch handler"
+PG_INSERT = "pgbench insert only"
+PG_CLAIM = "pgbench claim + insert"
+VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, PG_INSERT, PG_CLAIM)
+HANDLER = "bench.orders"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """S7's options."""
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE)
+    parser.add_argument("--broker", default=DEFAULT_BROKER)
+    parser.add_argument("--messages", type=int, default=3000, help="per-message worker run")
+    parser.add_argument("--batch-messages", type=int, default=20_000, help="batch mode runs")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--prefetch", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=5.0, help="pgbench -T per run")
+    parser.add_argument("--pgbench", default="pgbench", help="the pgbench binary")
+
+
+class Span:
+    """Start of the first and end of the last inbox call a worker made: wraps the inbox's
+    ``process`` and ``process_batch`` on the instance, as the worker calls them."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+        for name in ("process", "process_batch"):
+            setattr(inbox, name, self._timed(getattr(inbox, name)))
+
+    def _timed(self, call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed(argument: Any) -> Any:
+            if self.first is None:
+                self.first = time.perf_counter()
+            try:
+                return call(argument)
+            finally:
+                self.last = time.perf_counter()
+
+        return timed
+
+    def rate(self, messages: int) -> float:
+        assert self.first is not None, "the worker processed nothing"
+        return messages / (self.last - self.first)
+
+
+def one_row(message: Message, session: Session) -> None:
+    """The per-message handler: one INSERT."""
+    session.execute(INSERT_ORDER, {"ref": message.body["ref"], "amount": 7})
+
+
+def all_rows(messages: list[Message], session: Session) -> None:
+    """The batch handler: the batch's rows in one executemany."""
+    session.execute(INSERT_ORDER, [{"ref": m.body["ref"], "amount": 7} for m in messages])
+
+
+def fill(broker: str, queue: str, messages: int, first_ref: int) -> None:
+    """Publish ``messages`` order messages to ``queue`` (persistent, UUIDv7 ids, not
+    confirmed one by one: this is set-up, not measured), then wait until all are queued."""
+    with Connection(broker) as connection:
+        producer = Producer(connection.channel())
+        for ref in range(first_ref, first_ref + messages):
+            producer.publish(
+                {"ref": ref},
+                routing_key=queue,
+                serializer="json",
+                message_id=str(uuid7()),
+                type="order.created",
+                delivery_mode=2,
+            )
+        channel = connection.channel()
+        deadline = time.monotonic() + 60
+        while channel.queue_declare(queue=queue, passive=True).message_count < messages:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{queue}: the broker did not queue {messages} messages")
+            time.sleep(0.05)
+
+
+def run_worker(
+    engine: Engine,
+    options: argparse.Namespace,
+    variant: str,
+    messages: int,
+    first_ref: int,
+) -> dict[str, Any]:
+    """One worker run of ``variant`` over ``messages`` fresh messages: its rate and how many
+    ``multiple=True`` acks it sent."""
+    inbox = Inbox(sessionmaker(engine))
+    if variant == BATCH_HANDLER:
+        inbox.batch_handler("order.created", name=HANDLER)(all_rows)
+    else:
+        inbox.handler("order.created", name=HANDLER)(one_row)
+    batch_size = 1 if variant == PER_MESSAGE else options.batch_size
+    span = Span(inbox)
+    queue = f"bench-s7-{uuid.uuid4().hex[:8]}"
+    worker = Worker(
+        inbox,
+        options.broker,
+        [queue],
+        prefetch=max(options.prefetch, batch_size),
+        batch_size=batch_size,
+        stats_interval=None,
+    )
+    worker.prepare()
+    try:
+        fill(options.broker, queue, messages, first_ref)
+        run_until_idle(worker, 1.0)
+    finally:
+        delete_queues(worker)
+    if worker.stats.processed != messages or worker.stats.acked != messages:
+        raise SystemExit(
+            f"{variant}: processed {worker.stats.processed}, acked "
+            f"{worker.stats.acked} of {messages}"
+        )
+    return {
+        "rate": span.rate(messages),
+        "messages": messages,
+        "multiple_acks": worker._dispatch.acks.multiple_acks,
+    }
+
+
+def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
+    """Every variant, alternated, ``--rounds`` times."""
+    if shutil.which(options.pgbench) is None:
+        raise SystemExit(f"S7 needs pgbench ({options.pgbench!r} is not on PATH)")
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    length = ["-T", str(max(1, round(options.seconds)))]
+    refs = iter(range(0, 10**15, 10**7))
+    with (
+        fresh_schema(options.database_url, business) as engine,
+        tempfile.TemporaryDirectory(prefix="s7-pgbench-") as work,
+    ):
+        version = server_version(engine)
+        bench = PgBench(options, engine, Path(work))
+
+        def worker(variant: str, messages: int) -> Callable[[], dict[str, Any]]:
+            return lambda: run_worker(engine, options, variant, messages, next(refs))
+
+        steps: dict[str, Callable[[], dict[str, Any]]] = {
+            PER_MESSAGE: worker(PER_MESSAGE, options.messages),
+            BATCH_SINGLE: worker(BATCH_SINGLE, options.batch_messages),
+            BATCH_HANDLER: worker(BATCH_HANDLER, options.batch_messages),
+            PG_INSERT: lambda: bench.run(PG_INSERT, length),
+            PG_CLAIM: lambda: bench.run(PG_CLAIM, length),
+        }
+        # Warm up: the pool, the statement caches, the server's plans and buffers.
+        worker(BATCH_HANDLER, min(1000, options.batch_messages))()
+        bench.run(PG_INSERT, ["-T", "1"])
+        for round_number in range(options.rounds):
+            for name in alternate(round_number, VARIANTS):
+                sample = steps[name]()
+                samples[name].append({k: v for k, v in sample.items() if k != "output"})
+                print(f"  round {round_number + 1}: {name:<27} {sample['rate']:9.0f} /s")
+        with engine.connect() as connection:
+            written = connection.execute(select(func.count()).select_from(orders)).scalar_one()
+    return report(options, samples, version, written, out_dir)
+
+
+def report(
+    options: argparse.Namespace,
+    samples: dict[str, list[dict[str, Any]]],
+    version: str,
+    written: int,
+    out_dir: Path,
+) -> ScenarioReport:
+    """Figures and the plot."""
+    rates = {name: [s["rate"] for s in samples[name]] for name in VARIANTS}
+    figures = []
+    for name in VARIANTS:
+        value, spread = median_spread(rates[name])
+        unit = "tx/s" if name.startswith("pgbench") else "msg/s"
+        figures.append(Figure(f"{name} {unit}", value, unit, spread=spread))
+
+    def ratio(top: str, bottom: str, target: float | None) -> None:
+        per_round = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
+        value, spread = median_spread(per_round)
+        verdict = at_least(value, target) if target is not None else ("", None)
+        figures.append(Figure(f"{top} / {bottom}", value, "x", verdict[0], verdict[1], spread))
+
+    ratio(BATCH_HANDLER, PER_MESSAGE, 10.0)
+    ratio(BATCH_HANDLER, PG_INSERT, 3.0)
+    ratio(BATCH_HANDLER, PG_CLAIM, None)
+    ratio(BATCH_HANDLER, BATCH_SINGLE, None)
+    ratio(BATCH_SINGLE, PER_MESSAGE, None)
+    batches = [s["messages"] / options.batch_size for s in samples[BATCH_HANDLER]]
+    acks = [s["multiple_acks"] for s in samples[BATCH_HANDLER]]
+    figures.append(
+        Figure(
+            "batch handler: multiple acks / batches (1.0 = one ack frame per batch)",
+            median_spread([a / b for a, b in zip(acks, batches, strict=True)])[0],
+            "ratio",
+        )
+    )
+    rounds = list(range(1, options.rounds + 1))
+    plots = []
+    plot = plot_lines(
+        out_dir / "s7_rates_by_round.png",
+        "S7: one-row handler, messages (transactions) per second",
+        "round",
+        "per second",
+        {name: (rounds, rates[name]) for name in VARIANTS},
+    )
+    if plot:
+        plots.append(plot)
+    return ScenarioReport(
+        SCENARIO,
+        TITLE,
+        {
+            "database": make_url(options.database_url).render_as_string(hide_password=True),
+            "server_version": version,
+            "messages": options.messages,
+            "batch_messages": options.batch_messages,
+            "rounds": options.rounds,
+            "batch_size": options.batch_size,
+            "prefetch": options.prefetch,
+            "seconds": options.seconds,
+            "handler": "one INSERT INTO bench_order per message",
+            "rows_written": written,
+        },
+        figures,
+        {"samples": samples, "rates": rates},
+        plots,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(scenario_main(sys.modules[__name__]))

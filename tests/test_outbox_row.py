@@ -227,3 +227,22 @@ def test_what_is_accepted_is_what_py_amqp_encodes_at_the_size_counted(
     flags = 2  # the property flags before the table
     sent = AMQPMessage(application_headers=headers)._serialize_properties()
     assert len(sent) - flags == _table_size(headers, "headers", 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '{"x": {"$bytes": 5}}',
+        '{"x": {"$bytes": "not base64!"}}',
+        '{"x": {"$float": "bogus"}}',
+        '{"x": {"$decimal": "one"}}',
+        '{"x": {"$datetime": "yesterday"}}',
+        '{"x": {"$table": [1]}}',
+        "[" * 100_000 + "]" * 100_000,
+    ],
+)
+def test_headers_the_outbox_did_not_write_raise_value_error(text: str) -> None:
+    with pytest.raises(ValueError, match="stored headers are not readable"):
+        headers_from_json(text)

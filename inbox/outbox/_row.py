@@ -127,11 +127,22 @@ def encoded_headers(checked: Mapping[str, Any]) -> str:
 
 
 def headers_from_json(text: str) -> dict[str, Any]:
-    """The headers stored by :func:`headers_to_json`, with every value's type restored."""
-    decoded = json.loads(text)
-    if not isinstance(decoded, dict):
-        raise ValueError(f"stored headers must be a JSON object, got {type(decoded).__name__}")
-    return {name: _decode(value) for name, value in decoded.items()}
+    """The headers stored by :func:`headers_to_json`, with every value's type restored;
+    ``ValueError`` for text that it did not write (a row written by hand)."""
+    try:
+        decoded = json.loads(text)
+        if not isinstance(decoded, dict):
+            raise TypeError(f"a JSON object was expected, got {type(decoded).__name__}")
+        return {name: _decode(value) for name, value in decoded.items()}
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        ArithmeticError,
+        RecursionError,
+    ) as exc:
+        raise ValueError(f"stored headers are not readable: {type(exc).__name__}: {exc}") from exc
 
 
 def _encode(value: Any) -> Any:

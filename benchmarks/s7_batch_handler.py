@@ -16,7 +16,10 @@ goes first round by round:
   in ONE executemany (psycopg: one multi-row ``INSERT``), one ack frame per batch;
 * pgbench, 1 client, prepared, ``-T --seconds``: ``BEGIN; INSERT; COMMIT`` (one transaction
   per message: what one connection allows a design that commits every message) and the
-  same with the inbox's claim (S3's two scripts).
+  same with the inbox's claim (S3's two scripts);
+* ``SELECT 1``: 2,000 through a session, as S1 measures it: the round trip every other
+  figure is also given in (per message, in the same rounds), the unit that carries over to
+  other hardware better than microseconds.
 
 A worker's rate is messages / (end of the last ``process``/``process_batch`` call - start of
 the first): the broker's delivery, the claims, the handler and the commits, without the
@@ -50,7 +53,7 @@ from common import (
     server_version,
 )
 from kombu import Connection, Producer
-from s1_overhead import INSERT_ORDER, business, orders
+from s1_overhead import INSERT_ORDER, SELECT_ONE, business, orders
 from s3_ceiling import PgBench
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
@@ -70,7 +73,9 @@ BATCH_SINGLE = "batch, per-message handler"
 BATCH_HANDLER = "batch, batch handler"
 PG_INSERT = "pgbench insert only"
 PG_CLAIM = "pgbench claim + insert"
-VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, PG_INSERT, PG_CLAIM)
+SELECT_1 = "SELECT 1"
+VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, PG_INSERT, PG_CLAIM, SELECT_1)
+SELECTS = 2000  # SELECT 1 round trips per round
 HANDLER = "bench.orders"
 
 
@@ -121,6 +126,16 @@ def one_row(message: Message, session: Session) -> None:
 def all_rows(messages: list[Message], session: Session) -> None:
     """The batch handler: the batch's rows in one executemany."""
     session.execute(INSERT_ORDER, [{"ref": m.body["ref"], "amount": 7} for m in messages])
+
+
+def round_trips(engine: Engine) -> dict[str, Any]:
+    """``SELECTS`` ``SELECT 1`` through one session: the rate of one round trip."""
+    with sessionmaker(engine)() as session, session.begin():
+        started = time.perf_counter()
+        for _ in range(SELECTS):
+            session.execute(SELECT_ONE).scalar_one()
+        elapsed = time.perf_counter() - started
+    return {"rate": SELECTS / elapsed}
 
 
 def fill(broker: str, queue: str, messages: int, first_ref: int) -> None:
@@ -211,6 +226,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             BATCH_HANDLER: worker(BATCH_HANDLER, options.batch_messages),
             PG_INSERT: lambda: bench.run(PG_INSERT, length),
             PG_CLAIM: lambda: bench.run(PG_CLAIM, length),
+            SELECT_1: lambda: round_trips(engine),
         }
         # Warm up: the pool, the statement caches, the server's plans and buffers.
         worker(BATCH_HANDLER, min(1000, options.batch_messages))()
@@ -237,8 +253,15 @@ def report(
     figures = []
     for name in VARIANTS:
         value, spread = median_spread(rates[name])
-        unit = "tx/s" if name.startswith("pgbench") else "msg/s"
+        unit = "msg/s" if name in (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER) else "tx/s"
+        unit = "round trips/s" if name == SELECT_1 else unit
         figures.append(Figure(f"{name} {unit}", value, unit, spread=spread))
+    for name in VARIANTS[:-1]:  # per message, in SELECT 1 round trips of the same round
+        per_round = [rtt / rate for rate, rtt in zip(rates[name], rates[SELECT_1], strict=True)]
+        value, spread = median_spread(per_round)
+        figures.append(
+            Figure(f"{name}: per message, in SELECT 1 round trips", value, "x", spread=spread)
+        )
 
     def ratio(top: str, bottom: str, target: float | None) -> None:
         per_round = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]

@@ -36,6 +36,7 @@ MODULES = {
     "S4": "s4_growth",
     "S5": "s5_cleanup",
     "S6": "s6_memory",
+    "S7": "s7_batch_handler",
 }
 
 

@@ -1,0 +1,43 @@
+"""Every examples/*.py runs as its docstring says, on its embedded defaults (SQLite, the
+in-memory brokers), with one command: exit 0 and its last line saying everything happened
+exactly once. An example added without its last line here fails, so none can rot unseen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.worker import TESTS_DIR
+
+EXAMPLES = TESTS_DIR.parent / "examples"
+
+LAST_LINES = {
+    "async_orders.py": "every order invoiced exactly once",
+    "outbox_orders.py": "every order confirmed and announced exactly once",
+    "payments.py": "every order charged exactly once",
+    "tenants.py": "every tenant holds exactly its own orders",
+}
+
+
+def test_every_example_is_listed() -> None:
+    assert sorted(path.name for path in EXAMPLES.glob("*.py")) == sorted(LAST_LINES)
+
+
+@pytest.mark.parametrize("name", sorted(LAST_LINES))
+def test_the_example_runs_with_its_one_command(name: str, tmp_path: Path) -> None:
+    example = EXAMPLES / name
+    command = f"python examples/{name}"
+    assert command in example.read_text(), f"{name} must say how to run it: {command}"
+    done = subprocess.run(
+        [sys.executable, str(example)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        cwd=tmp_path,  # nothing it writes may land in the source tree
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.rstrip().splitlines()[-1] == LAST_LINES[name], done.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -25,6 +25,7 @@ from typing import Any, Final
 from kombu.message import Message as Delivery
 
 from inbox.broker import headers as h
+from inbox.broker._confirms import PERSISTENT, fits_in_frame
 from inbox.broker._frames import RAW_PROPERTIES, UNREADABLE
 from inbox.broker._inbound import body_bytes, sent_headers
 from inbox.broker._policy import DeadLetterReason
@@ -53,8 +54,6 @@ _TRIMMED_KEEPS: Final = (
     h.FAILED_HANDLERS,
     "compression",
 )
-_PERSISTENT: Final = 2
-_FRAME_OVERHEAD: Final = 8 + 12  # frame envelope, then class id, weight and body size
 
 
 class Refused(Exception):
@@ -261,7 +260,7 @@ class Forwarder:
     def _prepare(self, delivery: Delivery, extra: Mapping[str, Any], *, trimmed: bool) -> Any:
         properties = delivery.properties or {}
         kept = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
-        kept["delivery_mode"] = _PERSISTENT
+        kept["delivery_mode"] = PERSISTENT
         if trimmed:
             headers = dict(extra)
         elif self.confirms:
@@ -283,10 +282,7 @@ class Forwarder:
         )
 
     def _fits(self, prepared: Any) -> bool:
-        frame_max = getattr(self._connection.connection, "frame_max", None)
-        if not frame_max:
-            return True
-        return bool(len(prepared._serialize_properties()) + _FRAME_OVERHEAD <= frame_max)
+        return fits_in_frame(self._connection, prepared)
 
 
 def _too_large(delivery: Delivery, extra: Mapping[str, Any]) -> dict[str, Any]:

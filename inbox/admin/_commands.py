@@ -12,7 +12,8 @@ from typing import TextIO
 from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
-from inbox.admin import _claims, _dlq, _render, _status
+from inbox.admin import _claims, _render, _status
+from inbox.broker import _dead_letters as dead_letters
 from inbox.retention._targets import schemas_holding
 
 __all__ = [
@@ -68,9 +69,9 @@ def status(
     report = _status.read_status(engine, tables.claims, tables.outbox, tables.effects)
     for queue in args.queues:
         assert broker is not None  # checked with the arguments
-        with _dlq.open_channel(broker) as channel:
-            name = _dlq.dead_letter_queue(queue)
-            report.dead_letters[name] = _dlq.depth(channel, name)
+        with dead_letters.open_channel(broker) as channel:
+            name = dead_letters.dead_letter_queue(queue)
+            report.dead_letters[name] = dead_letters.depth(channel, name)
     if args.json:
         io.out.write(_render.as_json(report))
     else:

@@ -10,8 +10,10 @@ from collections.abc import Callable
 from typing import TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
-from inbox.admin import _dlq, _render, _replay
+from inbox.admin import _render
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
+from inbox.broker import _dead_letters as _dlq
+from inbox.broker import _replay
 
 __all__ = ["dlq", "duration"]
 
@@ -45,7 +47,10 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                     f"no dead letter {args.message_id} in {_dlq.dead_letter_queue(args.queue)}\n"
                 )
                 return EXIT_NOT_FOUND
-            io.out.writelines(f"{line}\n" for line in _render.message_lines(message, args.max_body))
+            io.out.writelines(
+                f"{line}\n"
+                for line in _render.message_lines(message.properties, message.body, args.max_body)
+            )
             return EXIT_OK
         filters = _replay.Filters(frozenset(args.reason), frozenset(args.handler), args.older_than)
         if args.dlq_command == "purge" and not args.dry_run and not _confirmed(args, io):

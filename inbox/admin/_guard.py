@@ -8,12 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final, TextIO
-
-import amqp
+from typing import Final, TextIO
 
 from inbox._cli import (
     EXIT_DATABASE_ERROR,
@@ -24,43 +19,15 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox.admin._dlq import dead_letter_queue, depth, hold, open_channel
-from inbox.broker import headers as h
+from inbox.broker._dead_letter_age import oldest_dead_letter
+from inbox.broker._dead_letters import open_channel
 from inbox.broker.cli import BROKER_URL_ENV
 from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.retention.cli import cleanup_main
 
-__all__ = ["MAX_SCANNED", "Oldest", "guarded_cleanup", "guarded_days", "oldest_dead_letter"]
+__all__ = ["guarded_cleanup", "guarded_days"]
 
-MAX_SCANNED: Final = 100_000
-"""Dead letters read per queue, at most (each is held unacked until the scan ends)."""
 _MARGIN: Final = dt.timedelta(days=1)
-_UUID7: Final = 7
-
-
-@dataclass(frozen=True, slots=True)
-class Oldest:
-    """The earliest a dead letter of ``dead_letter_queue`` can have been first processed."""
-
-    dead_letter_queue: str
-    at: dt.datetime
-    message_id: str | None
-
-
-def oldest_dead_letter(channel: amqp.Channel, queue: str) -> Oldest | None:
-    """The oldest dead letter of ``queue`` by when it was first sent: the time in its UUIDv7
-    id, else its first failure, else when it was dead-lettered. None for an empty queue."""
-    dlq = dead_letter_queue(queue)
-    oldest: Oldest | None = None
-    for _ in range(min(depth(channel, dlq), MAX_SCANNED)):
-        message = channel.basic_get(dlq, no_ack=False)
-        if message is None:
-            break
-        hold(channel, message, dlq)
-        born = _born(message.properties)
-        if born is not None and (oldest is None or born < oldest.at):
-            oldest = Oldest(dlq, born, _text(message.properties.get("message_id")))
-    return oldest
 
 
 def guarded_cleanup(argv: list[str], out: TextIO, err: TextIO) -> int:
@@ -110,30 +77,3 @@ def guarded_days(days: int, oldest: dt.datetime | None, now: dt.datetime) -> int
         return days
     needed = math.ceil((now - oldest + _MARGIN) / dt.timedelta(days=1))
     return max(days, needed)
-
-
-def _born(properties: Mapping[str, Any]) -> dt.datetime | None:
-    message_id = _text(properties.get("message_id"))
-    try:
-        parsed = uuid.UUID(message_id) if message_id else None
-    except ValueError:
-        parsed = None
-    if parsed is not None and parsed.version == _UUID7:
-        millis = int.from_bytes(parsed.bytes[:6], "big")
-        return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
-    headers: Mapping[str, Any] = properties.get("application_headers") or {}
-    for name in (h.FIRST_FAILURE, h.DEAD_LETTERED_AT):
-        value = headers.get(name)
-        if isinstance(value, str):
-            try:
-                at = dt.datetime.fromisoformat(value)
-            except ValueError:
-                continue
-            return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
-    return None
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -7,16 +7,14 @@ import dataclasses
 import datetime as dt
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
-
-import amqp
 
 from inbox._oneline import bounded
 from inbox.admin._claims import Found
-from inbox.admin._dlq import DeadLetter, summary_fields
-from inbox.admin._replay import MoveReport
 from inbox.admin._status import StatusReport
+from inbox.broker._dead_letters import DeadLetter, summary_fields
+from inbox.broker._replay import MoveReport
 
 __all__ = [
     "as_json",
@@ -133,16 +131,18 @@ def move_line(report: MoveReport, command: str) -> str:
     return line + (f"; left: {', '.join(left)}" if left else "")
 
 
-def message_lines(message: amqp.Message, max_body: int) -> Iterator[str]:
+def message_lines(
+    all_properties: Mapping[str, Any], raw_body: bytes | str, max_body: int
+) -> Iterator[str]:
     """One dead letter in full: its properties, its headers, and its body (text, or base64
     when it is not UTF-8), cut after ``max_body`` bytes."""
-    properties = {k: v for k, v in message.properties.items() if k != "application_headers"}
+    properties = {k: v for k, v in all_properties.items() if k != "application_headers"}
     for name, value in sorted(properties.items()):
         yield f"{name}: {bounded(str(value), 1000)}"
-    headers = message.properties.get("application_headers") or {}
+    headers = all_properties.get("application_headers") or {}
     for name, value in sorted(headers.items()):
         yield f"header {name}: {bounded(str(value), 1000)}"
-    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    body = raw_body if isinstance(raw_body, bytes) else raw_body.encode()
     shown = body[:max_body]
     try:
         text = shown.decode("utf-8")

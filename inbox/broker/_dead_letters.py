@@ -3,7 +3,8 @@ say about them, and reading them without taking them.
 
 A message read and not taken is held unacked on the channel and returns to its place in the
 queue when the channel closes, also when the process dies: at every moment each message is
-in one queue. Moving them is :mod:`inbox.admin._replay`.
+in one queue. Moving them is :mod:`inbox.broker._replay`; ``inbox dlq`` (:mod:`inbox.admin`)
+is the command.
 """
 
 from __future__ import annotations

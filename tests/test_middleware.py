@@ -276,3 +276,18 @@ def test_bad_layers_are_refused_clearly(db: Database) -> None:
     inbox.handler(name="orders")(lambda message, session: None)
     with pytest.raises(TypeError, match="returned NoneType"):
         inbox.process(Message.new("order.created", {}))
+
+
+def test_middleware_wraps_each_handler_run_of_a_batch(db: Database) -> None:
+    events: list[str] = []
+    inbox = Inbox(db.sessions, middleware=[tracing(events, "mw")])
+
+    @inbox.handler(name="orders")
+    def handle(message: Message, session: Session) -> None:
+        write(session, str(message.body["n"]), "orders")
+
+    batch = [Message.new("order.created", {"n": n}) for n in (1, 2)]
+    assert all(isinstance(r, ProcessResult) for r in inbox.process_batch(batch))
+    assert inbox.process_batch(batch)[0].outcome is Outcome.DUPLICATE  # type: ignore[union-attr]
+    assert events == ["mw in orders", "mw out"] * 2
+    assert db.effect_counts() == {("1", "orders"): 1, ("2", "orders"): 1}

@@ -23,6 +23,7 @@ from inbox import (
     Outcome,
     ProcessResult,
     RegistrationError,
+    SessionConfigurationError,
     TransactionControlError,
 )
 from inbox.middleware import LogContextFilter, Timing, current_handler, log_context
@@ -291,3 +292,33 @@ def test_middleware_wraps_each_handler_run_of_a_batch(db: Database) -> None:
     assert inbox.process_batch(batch)[0].outcome is Outcome.DUPLICATE  # type: ignore[union-attr]
     assert events == ["mw in orders", "mw out"] * 2
     assert db.effect_counts() == {("1", "orders"): 1, ("2", "orders"): 1}
+
+
+def test_assert_idempotent_runs_through_the_middleware(db: Database) -> None:
+    from inbox.testing import NotIdempotent, assert_idempotent
+
+    counter = [0]
+
+    def audit(message: Message, session: Session, call_next: Next) -> object:
+        returned = call_next(message)
+        counter[0] += 1  # outside the transaction: the helper must see through it
+        write(session, f"audit-{counter[0]}", "audit")
+        return returned
+
+    inbox = Inbox(db.sessions, middleware=[audit])
+    inbox.handler(name="orders")(lambda message, session: write(session, "o-1", "orders"))
+    with pytest.raises(NotIdempotent):
+        assert_idempotent(inbox, Message.new("order.created", {}), tables=[effects])
+
+
+def test_a_busy_session_from_sessions_for_is_refused_before_any_claim(db: Database) -> None:
+    busy = db.sessions()
+    busy.begin()
+    inbox = Inbox(sessions_for=lambda message: busy)
+    inbox.handler(name="orders")(lambda message, session: None)
+    try:
+        with pytest.raises(SessionConfigurationError, match="already in a transaction"):
+            inbox.process(Message.new("order.created", {}))
+    finally:
+        busy.close()
+    assert db.count(inbox.table) == 0

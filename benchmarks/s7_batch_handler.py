@@ -99,6 +99,7 @@ class Span:
     def __init__(self, inbox: Inbox) -> None:
         self.first: float | None = None
         self.last = 0.0
+        self.calls = 0
         for name in ("process", "process_batch"):
             setattr(inbox, name, self._timed(getattr(inbox, name)))
 
@@ -106,6 +107,7 @@ class Span:
         def timed(argument: Any) -> Any:
             if self.first is None:
                 self.first = time.perf_counter()
+            self.calls += 1
             try:
                 return call(argument)
             finally:
@@ -199,6 +201,7 @@ def run_worker(
     return {
         "rate": span.rate(messages),
         "messages": messages,
+        "batches": span.calls,
         "multiple_acks": worker._dispatch.acks.multiple_acks,
     }
 
@@ -274,15 +277,18 @@ def report(
     ratio(BATCH_HANDLER, PG_CLAIM, None)
     ratio(BATCH_HANDLER, BATCH_SINGLE, None)
     ratio(BATCH_SINGLE, PER_MESSAGE, None)
-    batches = [s["messages"] / options.batch_size for s in samples[BATCH_HANDLER]]
-    acks = [s["multiple_acks"] for s in samples[BATCH_HANDLER]]
+    per_batch = [s["multiple_acks"] / s["batches"] for s in samples[BATCH_HANDLER]]
     figures.append(
         Figure(
-            "batch handler: multiple acks / batches (1.0 = one ack frame per batch)",
-            median_spread([a / b for a, b in zip(acks, batches, strict=True)])[0],
+            "batch handler: multiple acks / batches (1.0: every batch acked with one frame)",
+            median_spread(per_batch)[0],
             "ratio",
+            spread=median_spread(per_batch)[1],
         )
     )
+    size = [s["messages"] / s["batches"] for s in samples[BATCH_HANDLER]]
+    value, spread = median_spread(size)
+    figures.append(Figure("batch handler: messages per batch", value, "", spread=spread))
     rounds = list(range(1, options.rounds + 1))
     plots = []
     plot = plot_lines(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -300,3 +301,30 @@ def test_status_per_tenant_schema(pg_tenants: Tenants) -> None:
     args = [*args, "--table", "tenant_b.inbox_message"]
     assert admin_main(args, stdout=out, stderr=err) == 2
     assert "table names are NAME" in err.getvalue()
+
+
+def test_concurrent_deliveries_across_tenants_stay_apart(pg_tenants: Tenants) -> None:
+    inbox = tenant_inbox(pg_tenants)
+    sent: dict[str, list[Message]] = {tenant: [] for tenant in PG_TENANTS}
+    for n in range(10):
+        shared = uuid.uuid4()
+        for tenant in PG_TENANTS:
+            body = {"ref": f"{tenant}-{n}"}
+            sent[tenant].append(Message(shared, "order.created", body, {"tenant": tenant}))
+    every = [m for batch in zip(*sent.values(), strict=True) for m in batch]
+    outcomes: list[Outcome] = []
+
+    def deliver(messages: list[Message]) -> None:
+        outcomes.extend(inbox.process(m).outcome for m in messages)
+
+    # Three workers get every delivery, each in its own order: concurrent duplicates of the
+    # same id in the same tenant, and the same id at once in the other tenants.
+    orders = [every, every[::-1], every[len(every) // 2 :] + every[: len(every) // 2]]
+    threads = [threading.Thread(target=deliver, args=(order,)) for order in orders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(outcomes) == 3 * len(every)
+    assert outcomes.count(Outcome.PROCESSED) == len(every)
+    check_isolated(pg_tenants, sent)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.databases import Database
+from support.rabbit import Rabbit
 from support.worker import TESTS_DIR
 
 EXAMPLES = TESTS_DIR.parent / "examples"
@@ -41,3 +43,30 @@ def test_the_example_runs_with_its_one_command(name: str, tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.rstrip().splitlines()[-1] == LAST_LINES[name], done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
+
+
+def test_the_payments_example_on_a_server_and_rabbitmq(server_db: Database, rabbit: Rabbit) -> None:
+    done = run_example(
+        "payments.py",
+        *("--database-url", server_db.url, "--broker", rabbit.url, "--prefix", rabbit.prefix),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "payment rows=3 cards charged=3 provider requests=4" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1] == LAST_LINES["payments.py"]
+
+
+def test_the_tenants_example_with_rabbitmq(rabbit: Rabbit) -> None:
+    done = run_example("tenants.py", "--broker", rabbit.url, "--prefix", rabbit.prefix)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tenant acme: orders ['a-1', 'a-2', 'acme-shared'], 3 claims" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1] == LAST_LINES["tenants.py"]

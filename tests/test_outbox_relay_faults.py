@@ -256,3 +256,30 @@ def test_notify_wakes_the_relay_long_before_its_poll_interval(
     thread.join(TIMEOUT)
     relay.close()
     assert [m.message_id for m in receive_all(rabbit, queue)] == [first.id, second.id]
+
+
+def test_a_mariadb_session_killed_between_batches_is_retried_not_fatal(
+    mariadb_db: Database, rabbit: Rabbit
+) -> None:
+    queue = declare_queue(rabbit, "q")
+    first, second = op_row(queue, "first"), op_row(queue, "second")
+    add_rows(mariadb_db.engine, [first])
+    # The test engine has no pre-ping: the pooled session the server killed is the one the
+    # relay takes for its next batch.
+    with make_relay(mariadb_db, rabbit) as relay:
+        assert relay.drain() == 1
+        admin = admin_engine("mariadb")
+        try:
+            with admin.connect() as connection:
+                sessions = connection.execute(
+                    text("SELECT id FROM information_schema.processlist WHERE db = :db"),
+                    {"db": mariadb_db.engine.url.database},
+                ).scalars()
+                for session in list(sessions):
+                    connection.execute(text(f"KILL {int(session)}"))
+        finally:
+            admin.dispose()
+        add_rows(create_engine(mariadb_db.url), [second])
+        assert relay.drain() == 1
+        assert relay.stats.database_errors >= 1
+    assert [m.message_id for m in receive_all(rabbit, queue)] == [first.id, second.id]

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
+from sqlalchemy.exc import DBAPIError
 
 from inbox.broker._relay_refusals import error_line, refusal_delay
 from inbox.outbox._row import OutboxRow, row_from_mapping
@@ -99,9 +100,19 @@ class OutboxRows:
 
     def begin(self, connection: Connection) -> Connection:
         """``connection`` with the isolation level the relay's transaction needs."""
-        if connection.dialect.name in ("mysql", "mariadb"):
+        if connection.dialect.name not in ("mysql", "mariadb"):
+            return connection
+        driver_error = connection.dialect.loaded_dbapi.Error
+        try:
             return connection.execution_options(isolation_level="READ COMMITTED")
-        return connection
+        except driver_error as exc:
+            # The driver's own error, unwrapped (SQLAlchemy sets the level on the raw
+            # connection): a session the server ended. Drop it and report it as SQLAlchemy
+            # reports a lost connection, so the relay retries like after any other.
+            connection.invalidate()
+            raise DBAPIError.instance(
+                None, None, exc, driver_error, connection_invalidated=True
+            ) from exc
 
     def take(self, connection: Connection, limit: int, now: dt.datetime) -> Taken:
         """Lock and read up to ``limit`` rows due at ``now``, in id order."""

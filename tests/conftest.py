@@ -7,6 +7,7 @@ be reached skips its tests locally and FAILS them under CI=true.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,23 @@ def inbox_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     for inbox in made:
         inbox.close()
     made.clear()
+
+
+# Loggers the console scripts tune when a test runs one in this process (worker_main etc.).
+_TUNED_LOGGERS = ("", "inbox", "inbox.core", "inbox.worker", "kombu", "amqp", "alembic")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Undo what an in-process console script did to logging (levels, root handlers), so a
+    later test's caplog sees the records it expects whatever ran before it."""
+    loggers = [logging.getLogger(name) for name in _TUNED_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    handlers = logging.getLogger().handlers[:]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+    logging.getLogger().handlers[:] = handlers
 
 
 @pytest.fixture(scope="session")

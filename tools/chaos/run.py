@@ -320,7 +320,13 @@ def publish_all(settings: Settings, broker: str, run: Run, done: threading.Event
 def queue_depths(vhost_name: str, ctl: Callable[..., str] = rabbitmqctl) -> dict[str, int]:
     """Messages (ready + unacked) per queue of the run's vhost."""
     out = ctl("list_queues", "-p", vhost_name, "--no-table-headers", "name", "messages")
-    return {name: int(count) for name, count in (line.split() for line in out.splitlines() if line)}
+    depths: dict[str, int] = {}
+    for line in out.splitlines():
+        # Only "<queue> <count>" rows: a node under stress may add a notice line.
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit():
+            depths[fields[0]] = int(fields[1])
+    return depths
 
 
 def ledger(engine: Engine) -> Counter[int]:

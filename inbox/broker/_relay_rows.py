@@ -16,8 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, text, update
 
 from inbox.broker._relay_refusals import error_line, refusal_delay
 from inbox.outbox._row import OutboxRow, row_from_mapping
@@ -26,6 +25,7 @@ from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
 __all__ = ["OutboxRows", "Refusal", "Taken", "resolve_outbox_table"]
 
 _LOCKING_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
+_READ_COMMITTED = text("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
 
 def resolve_outbox_table(table: str | Table) -> Table:
@@ -98,24 +98,13 @@ class OutboxRows:
             )
         )
 
-    def begin(self, connection: Connection) -> Connection:
-        """``connection`` with the isolation level the relay's transaction needs."""
-        if connection.dialect.name not in ("mysql", "mariadb"):
-            return connection
-        driver_error = connection.dialect.loaded_dbapi.Error
-        try:
-            return connection.execution_options(isolation_level="READ COMMITTED")
-        except driver_error as exc:
-            # The driver's own error, unwrapped (SQLAlchemy sets the level on the raw
-            # connection): a session the server ended. Drop it and report it as SQLAlchemy
-            # reports a lost connection, so the relay retries like after any other.
-            connection.invalidate()
-            raise DBAPIError.instance(
-                None, None, exc, driver_error, connection_invalidated=True
-            ) from exc
-
     def take(self, connection: Connection, limit: int, now: dt.datetime) -> Taken:
-        """Lock and read up to ``limit`` rows due at ``now``, in id order."""
+        """Lock and read up to ``limit`` rows due at ``now``, in id order (the first
+        statement of the relay's transaction)."""
+        if connection.dialect.name in ("mysql", "mariadb"):
+            # For this transaction only: a session-wide level would have to be reset when
+            # the connection goes back to the pool, a statement no error handling covers.
+            connection.execute(_READ_COMMITTED)
         c = self.table.c
         query = select(self.table).where(c.available_at <= now).order_by(c.id).limit(limit)
         if connection.dialect.name in _LOCKING_DIALECTS:

@@ -220,8 +220,7 @@ class Relay:
     def _cycle(self) -> int:
         now = dt.datetime.now(dt.UTC)
         taken, sent = Taken(), Sent()
-        with self.engine.connect() as pooled:
-            connection = self._rows.begin(pooled)
+        with self.engine.connect() as connection:
             try:
                 with connection.begin():
                     taken = self._rows.take(connection, self.batch_size, now)

@@ -95,6 +95,7 @@ class Relay:
         self._stopping = threading.Event()
         self._wakeup = Wakeup(self.engine, self._rows.table, self._stopping, listen=listen)
         self._failures = 0
+        self._database_errors = (DBAPIError, self.engine.dialect.loaded_dbapi.Error)
 
     @property
     def table(self) -> Table:
@@ -206,13 +207,17 @@ class Relay:
             self._publisher.drop()
             self._pause()
             return None
-        except DBAPIError as exc:
+        except self._database_errors as exc:
+            # A driver error SQLAlchemy did not wrap comes from a connection that broke
+            # where SQLAlchemy does not expect it: as transient as a lost connection.
+            wrapped = isinstance(exc, DBAPIError)
+            transient = is_transient(exc) or not wrapped
             self.stats.database_errors += 1
-            if strict and not is_transient(exc):
+            if strict and not transient:
                 raise
-            level = logging.INFO if is_transient(exc) else logging.WARNING
+            level = logging.INFO if transient else logging.WARNING
             logger.log(level, "database error (%s); trying again", error_line(exc))
-            self._pause(quick=is_transient(exc) and not exc.connection_invalidated)
+            self._pause(quick=transient and wrapped and not exc.connection_invalidated)
             return None
         self._failures = 0
         return taken

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Final
 
+from psycopg import sql
 from sqlalchemy import Engine, Table
 
 from inbox.broker._relay_refusals import error_line
@@ -100,7 +101,7 @@ class Wakeup:
             schema = self._table.schema
             if schema is None:
                 schema = driver.execute("SELECT current_schema()").fetchone()[0]
-            driver.execute(f"LISTEN {OUTBOX_NOTIFY_CHANNEL}")
+            driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(OUTBOX_NOTIFY_CHANNEL)))
         except Exception as exc:
             logger.warning("cannot LISTEN for outbox rows (%s); polling", error_line(exc))
             self._next_try = time.monotonic() + _RELISTEN_AFTER

@@ -11,8 +11,8 @@ import uuid
 from typing import Any, Final
 
 from sqlalchemy import (
+    DDL,
     Column,
-    Connection,
     DateTime,
     Dialect,
     Index,
@@ -209,35 +209,24 @@ def outbox_table(
         Column("last_error", _long_text(), nullable=True),
         schema=schema,
     )
-    event.listen(table, "after_create", _create_notify_trigger)
+    for ddl in _NOTIFY_DDL:
+        event.listen(table, "after_create", ddl)
     return table
 
 
-def _create_notify_trigger(table: Table, connection: Connection, **_: Any) -> None:
-    if connection.dialect.name != "postgresql":
-        return
-    # CREATE TABLE went where the connection's schema_translate_map sent it: so must this.
-    translate = connection.get_execution_options().get("schema_translate_map") or {}
-    schema = translate.get(table.schema, table.schema)
-    for statement in outbox_notify_ddl(table.name, schema):
-        connection.exec_driver_sql(statement)
-
-
-def outbox_notify_ddl(name: str, schema: str | None) -> tuple[str, str]:
-    """The PostgreSQL statements that make the outbox table ``name`` notify
-    :data:`OUTBOX_NOTIFY_CHANNEL` (the function, then the trigger); the alembic revision
-    runs the same ones."""
-    _check_identifiers("outbox", name, schema)
-    prefix = f'"{schema}".' if schema else ""
-    function = f"{prefix}inbox_outbox_notify()"
-    # Identifiers are checked plain above, so quoting them here is enough.
-    return (
-        f"CREATE OR REPLACE FUNCTION {function} RETURNS trigger LANGUAGE plpgsql AS $$ "
-        f"BEGIN PERFORM pg_notify('{OUTBOX_NOTIFY_CHANNEL}', "
-        "TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); RETURN NULL; END $$",
-        f'CREATE TRIGGER "{name[:56]}_notify" AFTER INSERT ON {prefix}"{name}" '
-        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}",
-    )
+# Constant statements: the table's quoted name (schema_translate_map applied) is filled in by
+# SQLAlchemy. Trigger names are per table in PostgreSQL, so one name serves every outbox.
+_NOTIFY_DDL: Final = (
+    DDL(  # type: ignore[no-untyped-call]
+        "CREATE OR REPLACE FUNCTION inbox_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_notify('inbox_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); "
+        "RETURN NULL; END $$"
+    ).execute_if(dialect="postgresql"),
+    DDL(  # type: ignore[no-untyped-call]
+        "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON %(fullname)s "
+        "FOR EACH STATEMENT EXECUTE FUNCTION inbox_outbox_notify()"
+    ).execute_if(dialect="postgresql"),
+)
 
 
 def effect_table(

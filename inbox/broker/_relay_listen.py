@@ -15,14 +15,13 @@ import threading
 import time
 from typing import Any, Final
 
-from psycopg import sql
 from sqlalchemy import Engine, Table
 
 from inbox.broker._relay_refusals import error_line
-from inbox.schema import OUTBOX_NOTIFY_CHANNEL
 
 __all__ = ["Wakeup"]
 
+_LISTEN: Final = "LISTEN inbox_outbox"  # inbox.schema.OUTBOX_NOTIFY_CHANNEL, as a literal
 logger = logging.getLogger("inbox.relay")
 
 _SLICE: Final = 0.25  # how often a waiting relay looks at its stop flag
@@ -101,7 +100,7 @@ class Wakeup:
             schema = self._table.schema
             if schema is None:
                 schema = driver.execute("SELECT current_schema()").fetchone()[0]
-            driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(OUTBOX_NOTIFY_CHANNEL)))
+            driver.execute(_LISTEN)
         except Exception as exc:
             logger.warning("cannot LISTEN for outbox rows (%s); polling", error_line(exc))
             self._next_try = time.monotonic() + _RELISTEN_AFTER

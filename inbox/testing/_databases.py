@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
+from sqlalchemy.schema import CreateSchema, DropSchema
 
 from inbox.schema import metadata as inbox_metadata
 
@@ -61,8 +62,8 @@ def throwaway_database(
     admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with admin.connect() as connection:
-            quoted = connection.dialect.identifier_preparer.quote(name)
-            connection.execute(text(f"CREATE {'SCHEMA' if postgres else 'DATABASE'} {quoted}"))
+            # MySQL's and MariaDB's CREATE SCHEMA is CREATE DATABASE.
+            connection.execute(CreateSchema(name))
     except Exception as exc:
         admin.dispose()
         where = base.render_as_string(hide_password=True)
@@ -72,16 +73,14 @@ def throwaway_database(
         ) from None  # the driver's traceback would show the password it was given
     if postgres:
         isolated = base.update_query_dict({"options": f"-csearch_path={name}"})
-        drop = f"DROP SCHEMA {quoted} CASCADE"
     else:
         isolated = base.set(database=name)
-        drop = f"DROP DATABASE {quoted}"
     try:
         with _created(isolated.render_as_string(hide_password=False), metadata) as database:
             yield database
     finally:
         with admin.connect() as connection:
-            connection.execute(text(drop))
+            connection.execute(DropSchema(name, cascade=postgres))
         admin.dispose()
 
 

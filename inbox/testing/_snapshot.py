@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, MetaData, Table, delete, func, insert, select, text
+from sqlalchemy import DDL, Connection, MetaData, Table, delete, func, insert, select, text
 
 __all__ = ["Database", "Rows", "Snapshot"]
 
@@ -96,8 +96,8 @@ class Database:
             elif dialect in ("mysql", "mariadb"):
                 # InnoDB moves a counter set below the highest value up to just above it.
                 # (ALTER TABLE commits: the rows written before it are meant to stay.)
-                name = _qualified(connection, table)
-                connection.execute(text(f"ALTER TABLE {name} AUTO_INCREMENT = 1"))
+                reset = DDL("ALTER TABLE %(fullname)s AUTO_INCREMENT = 1")  # type: ignore[no-untyped-call]
+                connection.execute(reset.against(table))
             else:  # SQLite AUTOINCREMENT: without its row, the next id is max(rowid) + 1
                 connection.execute(
                     text("DELETE FROM sqlite_sequence WHERE name = :name"), {"name": table.name}

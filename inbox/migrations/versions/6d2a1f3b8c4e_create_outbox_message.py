@@ -66,7 +66,7 @@ def upgrade() -> None:
             "TG_TABLE_NAME); RETURN NULL; END $$"
         )
         op.execute(
-            'CREATE TRIGGER "outbox_message_notify" AFTER INSERT ON "outbox_message" '
+            "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON outbox_message "
             "FOR EACH STATEMENT EXECUTE FUNCTION inbox_outbox_notify()"
         )
 

@@ -7,8 +7,9 @@ In a fresh PostgreSQL schema, RabbitMQ → ``inbox.broker.Worker`` → PostgreSQ
 variant writing the same one-row ``INSERT INTO bench_order`` per message, alternating which
 goes first round by round:
 
-* per-message worker: ``batch_size=1``, prefetch ``--prefetch``, a per-message handler
-  (claim, insert, commit per message; one ack each), over ``--messages`` messages;
+* per-message worker: ``batch_size=1``, prefetch ``--prefetch`` (300 for every consumer), a
+  per-message handler (claim, insert, commit per message; one ack each), over
+  ``--messages`` messages;
 * batch, per-message handler: ``batch_size=--batch-size``, the same handler (the worker's
   batch mode before batch handlers: one transaction and one claim statement per batch, one
   insert per message), over ``--batch-messages``;
@@ -17,6 +18,10 @@ goes first round by round:
 * pgbench, 1 client, prepared, ``-T --seconds``: ``BEGIN; INSERT; COMMIT`` (one transaction
   per message: what one connection allows a design that commits every message) and the
   same with the inbox's claim (S3's two scripts);
+* kombu consumer, no database: a plain kombu ``Consumer`` at the same prefetch that acks
+  every ``--batch-size`` deliveries with one ``multiple=True`` ack and does nothing else,
+  over ``--batch-messages``: what the broker and kombu deliver to one Python consumer, the
+  ceiling of any worker on this machine;
 * ``SELECT 1``: 2,000 through a session, as S1 measures it: the round trip every other
   figure is also given in (per message, in the same rounds), the unit that carries over to
   other hardware better than microseconds.
@@ -52,7 +57,7 @@ from common import (
     scenario_main,
     server_version,
 )
-from kombu import Connection, Producer
+from kombu import Connection, Consumer, Producer, Queue
 from s1_overhead import INSERT_ORDER, SELECT_ONE, business, orders
 from s3_ceiling import PgBench
 from sqlalchemy import Engine, func, select
@@ -73,8 +78,9 @@ BATCH_SINGLE = "batch, per-message handler"
 BATCH_HANDLER = "batch, batch handler"
 PG_INSERT = "pgbench insert only"
 PG_CLAIM = "pgbench claim + insert"
+BROKER_ONLY = "kombu consumer, no database"
 SELECT_1 = "SELECT 1"
-VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, PG_INSERT, PG_CLAIM, SELECT_1)
+VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY, PG_INSERT, PG_CLAIM, SELECT_1)
 SELECTS = 2000  # SELECT 1 round trips per round
 HANDLER = "bench.orders"
 
@@ -87,7 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-messages", type=int, default=20_000, help="batch mode runs")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--prefetch", type=int, default=100)
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=300,
+        help="every consumer's prefetch: 3 batches, so the next one is at hand (at 100 the "
+        "worker waits for the broker after each batch's ack and makes partial batches)",
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="pgbench -T per run")
     parser.add_argument("--pgbench", default="pgbench", help="the pgbench binary")
 
@@ -206,6 +218,34 @@ def run_worker(
     }
 
 
+def run_broker_only(options: argparse.Namespace, messages: int, first_ref: int) -> dict[str, Any]:
+    """A kombu consumer that only acks (``multiple=True`` every batch): its rate."""
+    queue = Queue(f"bench-s7-{uuid.uuid4().hex[:8]}", durable=True, auto_delete=False)
+    with Connection(options.broker) as connection:
+        channel = connection.channel()
+        queue(channel).declare()
+        seen: list[Any] = []
+        times: list[float] = []
+
+        def on_message(_body: Any, delivery: Any) -> None:
+            if not times:
+                times.append(time.perf_counter())
+            seen.append(delivery)
+            if len(seen) % options.batch_size == 0 or len(seen) == messages:
+                delivery.ack(multiple=True)
+                times[1:] = [time.perf_counter()]
+
+        try:
+            fill(options.broker, queue.name, messages, first_ref)
+            prefetch = max(options.prefetch, options.batch_size)
+            with Consumer(channel, [queue], callbacks=[on_message], prefetch_count=prefetch):
+                while len(seen) < messages:
+                    connection.drain_events(timeout=10)
+        finally:
+            queue(channel).delete()
+    return {"rate": messages / (times[-1] - times[0]), "messages": messages}
+
+
 def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
     """Every variant, alternated, ``--rounds`` times."""
     if shutil.which(options.pgbench) is None:
@@ -227,6 +267,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             PER_MESSAGE: worker(PER_MESSAGE, options.messages),
             BATCH_SINGLE: worker(BATCH_SINGLE, options.batch_messages),
             BATCH_HANDLER: worker(BATCH_HANDLER, options.batch_messages),
+            BROKER_ONLY: lambda: run_broker_only(options, options.batch_messages, next(refs)),
             PG_INSERT: lambda: bench.run(PG_INSERT, length),
             PG_CLAIM: lambda: bench.run(PG_CLAIM, length),
             SELECT_1: lambda: round_trips(engine),
@@ -256,7 +297,9 @@ def report(
     figures = []
     for name in VARIANTS:
         value, spread = median_spread(rates[name])
-        unit = "msg/s" if name in (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER) else "tx/s"
+        unit = (
+            "msg/s" if name in (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY) else "tx/s"
+        )
         unit = "round trips/s" if name == SELECT_1 else unit
         figures.append(Figure(f"{name} {unit}", value, unit, spread=spread))
     for name in VARIANTS[:-1]:  # per message, in SELECT 1 round trips of the same round
@@ -277,6 +320,7 @@ def report(
     ratio(BATCH_HANDLER, PG_CLAIM, None)
     ratio(BATCH_HANDLER, BATCH_SINGLE, None)
     ratio(BATCH_SINGLE, PER_MESSAGE, None)
+    ratio(BATCH_HANDLER, BROKER_ONLY, None)
     per_batch = [s["multiple_acks"] / s["batches"] for s in samples[BATCH_HANDLER]]
     figures.append(
         Figure(

@@ -135,7 +135,7 @@ def figure_table(report: dict[str, Any]) -> list[str]:
         lines = ["| figure | measured | min..max | target | met |", "|---|---:|---:|---:|---|"]
         for f in figures:
             spread = f.get("spread")
-            text = "" if not spread else f"{spread[0]:.3g}..{spread[1]:.3g}"
+            text = "" if not spread else f"{_number(spread[0])}..{_number(spread[1])}"
             met = "" if f.get("met") is None else ("yes" if f["met"] else "**no**")
             value = format_value(f["value"], f.get("unit", ""))
             lines.append(f"| {f['name']} | {value} | {text} | {f.get('target', '')} | {met} |")
@@ -148,6 +148,10 @@ def figure_table(report: dict[str, Any]) -> list[str]:
     lines = ["| figure | measured |", "|---|---:|"]
     lines += [f"| {path} | {value:,.3f} |" for path, value in numbers]
     return lines
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def log_tail(path: Path, lines: int = 25) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 from support.databases import Database, admin_engine, cannot_run
 from support.rabbit import Rabbit
 from support.relay import (
@@ -283,3 +284,57 @@ def test_a_mariadb_session_killed_between_batches_is_retried_not_fatal(
         assert relay.drain() == 1
         assert relay.stats.database_errors >= 1
     assert [m.message_id for m in receive_all(rabbit, queue)] == [first.id, second.id]
+
+
+class _FailingDeletes:
+    """Makes the relay's first ``failures`` deletes fail as a lost database session would."""
+
+    def __init__(self, relay: Relay, failures: int) -> None:
+        self.left = failures
+        self._delete = relay._rows.delete
+        relay._rows.delete = self  # type: ignore[method-assign]
+
+    def __call__(self, connection: object, ids: list[uuid.UUID]) -> int:
+        if self.left > 0:
+            self.left -= 1
+            lost = ConnectionError("simulated: session lost")
+            raise OperationalError("DELETE", {}, lost, connection_invalidated=True)
+        return self._delete(connection, ids)  # type: ignore[arg-type]
+
+
+def test_a_failed_delete_after_the_confirms_is_done_again_and_nothing_is_sent_twice(
+    db: Database, rabbit: Rabbit
+) -> None:
+    queue = declare_queue(rabbit, "q")
+    rows = [op_row(queue, f"d{i}") for i in range(5)]
+    add_rows(db.engine, rows)
+    with make_relay(db, rabbit) as relay:
+        _FailingDeletes(relay, 1)  # the batch's delete; the second attempt succeeds
+        assert relay.drain() == 5
+        assert (relay.stats.resent, relay.stats.database_errors) == (0, 1)
+    assert [m.message_id for m in receive_all(rabbit, queue)] == [r.id for r in rows]
+    assert outbox_ids(db.engine) == []
+
+
+def test_confirmed_rows_that_cannot_be_deleted_go_out_again_and_are_counted(
+    db: Database, rabbit: Rabbit
+) -> None:
+    queue = declare_queue(rabbit, "q")
+    rows = [op_row(queue, f"r{i}") for i in range(5)]
+    add_rows(db.engine, rows)
+    with make_relay(db, rabbit) as relay:
+        _FailingDeletes(relay, 6)  # the batch's delete and its five attempts again
+        assert relay.drain() == 5
+        assert relay.stats.resent == 5
+    sent = Counter(m.message_id for m in receive_all(rabbit, queue))
+    assert sent == {r.id: 2 for r in rows}  # each twice, under its own id
+    assert outbox_ids(db.engine) == []
+
+
+def test_run_until_empty_gives_up_after_its_timeout_while_a_row_stays_refused(
+    db: Database, rabbit: Rabbit
+) -> None:
+    add_rows(db.engine, [op_row(rabbit.queue("nowhere"), "stuck")])
+    with make_relay(db, rabbit, max_retry_delay=0.2) as relay, pytest.raises(TimeoutError):
+        relay.run_until_empty(timeout=1.0)
+    assert len(outbox_ids(db.engine)) == 1

@@ -61,8 +61,8 @@ def test_short_outbox_chaos_run_gives_every_committed_operation_one_followup_eff
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [
-            sys.executable, str(HARNESS), "--database", database, "--outbox", "--ops", "1000",
-            "--json", str(report_path),
+            sys.executable, str(HARNESS), "--database", database, "--outbox", "--ops", "1500",
+            "--fault-interval", "1.0", "--json", str(report_path),
         ],
         capture_output=True,
         text=True,

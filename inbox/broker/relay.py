@@ -37,6 +37,7 @@ from inbox.broker._relay_rows import OutboxRows, Refusal, Taken, resolve_outbox_
 from inbox.broker._relay_stats import RelayStats
 from inbox.broker._relay_status import OutboxStatus, outbox_status
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
+from inbox.telemetry import record_outbox
 
 __all__ = ["OutboxStatus", "Relay", "RelayStats", "outbox_status"]
 
@@ -282,6 +283,7 @@ class Relay:
         self.stats.unconfirmed += len(sent.unconfirmed) + sent.repeated
         refused = len(taken.unreadable) + len(sent.refused)
         self.stats.refused += refused
+        record_outbox(sent=len(sent.confirmed), refused=refused)
         if refused:
             first = next(iter({**taken.unreadable, **sent.refused}.items()))
             logger.warning(

@@ -48,11 +48,13 @@ def test_the_trace_goes_through_the_outbox_and_the_relay_to_the_next_consumer(
     ):
         publisher.publish("order", {"ref": "o1"})
     run_until_idle(worker, IDLE)
+    sent_before = otel.total("inbox.outbox.sent")
     relay = Relay(pg_db.engine, rabbit.url, listen=False, stats_interval=None)
     try:
         assert relay.run_until_empty(timeout=20) == 1
     finally:
         relay.stop()
+    assert otel.total("inbox.outbox.sent") == sent_before + 1  # the relay counts its rows
     run_until_idle(Worker(inbox, rabbit.url, [shipments]), IDLE)  # a worker runs once
 
     [ordered] = otel.spans(f"process {orders}")

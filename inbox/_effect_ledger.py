@@ -32,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from inbox.errors import UncertainEffect
 from inbox.message import KEY_NAMESPACE
 from inbox.schema import HANDLER_NAME_MAX_LENGTH
+from inbox.telemetry import record_effect
 
 __all__ = [
     "STEP_MAX_LENGTH",
@@ -165,6 +166,18 @@ class Ledger:
         finds its own stamp on a 'started' record and goes on as that attempt, rather than
         taking its own record for an earlier attempt's.
         """
+        try:
+            decided = self._start(connection, ref, mode, at)
+        except UncertainEffect:
+            record_effect("uncertain", ref.handler, ref.step)
+            raise
+        outcome = "stored" if isinstance(decided, Stored) else "started"
+        record_effect(outcome, ref.handler, ref.step)
+        return decided
+
+    def _start(
+        self, connection: Connection, ref: EffectRef, mode: EffectMode, at: dt.datetime
+    ) -> Call | Stored:
         _one_round_trip(connection)
         with connection.begin():
             if self._insert(connection, ref, at):
@@ -214,7 +227,10 @@ class Ledger:
         """Record ``attempt`` done with ``result`` (None: made, but the result could not be
         stored); False if a later attempt has taken the record over."""
         params = {"k": ref.key, "attempt": attempt, "result": result, "at": at}
-        return self._write_end(connection, self._done, params)
+        written = self._write_end(connection, self._done, params)
+        if written:
+            record_effect("done", ref.handler, ref.step)
+        return written
 
     def fail(
         self, connection: Connection, ref: EffectRef, attempt: int, error: str, at: dt.datetime
@@ -222,7 +238,10 @@ class Ledger:
         """Record ``attempt`` failed with ``error``; False if a later attempt has taken the
         record over."""
         params = {"k": ref.key, "attempt": attempt, "error": error, "at": at}
-        return self._write_end(connection, self._failed, params)
+        written = self._write_end(connection, self._failed, params)
+        if written:
+            record_effect("failed", ref.handler, ref.step)
+        return written
 
     @staticmethod
     def _write_end(connection: Connection, statement: Update, params: dict[str, object]) -> bool:

@@ -281,3 +281,29 @@ def test_the_async_inbox_records_the_same(pg_db: Database, otel: Sdk) -> None:
         "processed",
         "duplicate",
     ]
+
+
+def test_effects_are_counted_by_outcome(pg_db: Database, otel: Sdk) -> None:
+    handler, _, message_type = names()
+    inbox = Inbox(pg_db.sessions)
+    calls: list[uuid.UUID] = []
+    attempts: list[int] = []
+
+    @inbox.handler(message_type, name=handler)
+    def send(message: Message, session: Session) -> None:
+        attempts.append(1)
+        inbox.effect("sms", lambda key: calls.append(key) or {"sent": True})
+        if len(attempts) == 1:
+            raise ValueError("after the effect")
+
+    message = Message(id=uuid7(), type=message_type, body={})
+    with pytest.raises(HandlerFailed):
+        inbox.process(message)
+    inbox.process(message)  # the retry gets the stored result, no second call
+
+    assert len(calls) == 1
+    by = {"inbox__handler": handler, "inbox__effect__step": "sms"}
+    assert otel.total("inbox.effects", inbox__outcome="started", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="done", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="stored", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="failed", **by) == 0

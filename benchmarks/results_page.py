@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/results_page.py benchmarks/results/all-<time>   # re-render
 
 Replaces the part of the README between ``<!-- results:begin -->`` and
-``<!-- results:end -->`` (inserted before "## Summary" the first time) with: the run's
+``<!-- results:end -->`` (appended at the end the first time) with: the run's
 command, mode and duration; the machine and versions; "what to expect on your hardware" (per
 message costs in ``SELECT 1`` round trips, which carry over between machines better than
 microseconds); every benchmark's figures, or the tail of its output; where the raw JSON,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,12 +48,15 @@ def figures_of(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from scenario.get("figures", [])
 
 
-def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """Every number in a nested dict, with its path ("postgresql / effect_us")."""
+def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, float, str]]:
+    """Every number in a nested dict with its path ("postgresql / effect_us"); a list of
+    numbers (one sample per round) as its median, with its min..max."""
     if isinstance(value, bool):
         return
     if isinstance(value, int | float):
-        yield prefix, float(value)
+        yield prefix, float(value), ""
+    elif isinstance(value, list) and value and all(isinstance(v, int | float) for v in value):
+        yield prefix, statistics.median(value), f"{_number(min(value))}..{_number(max(value))}"
     elif isinstance(value, dict):
         for key, inner in value.items():
             yield from flatten(inner, f"{prefix} / {key}" if prefix else str(key))
@@ -145,8 +149,8 @@ def figure_table(report: dict[str, Any]) -> list[str]:
     numbers = list(flatten(body))
     if not numbers:
         return ["(no figures in the report)"]
-    lines = ["| figure | measured |", "|---|---:|"]
-    lines += [f"| {path} | {value:,.3f} |" for path, value in numbers]
+    lines = ["| figure | measured | min..max |", "|---|---:|---:|"]
+    lines += [f"| {path} | {value:,.3f} | {spread} |" for path, value, spread in numbers]
     return lines
 
 
@@ -268,14 +272,12 @@ def render(run_dir: Path) -> str:
 
 
 def publish(run_dir: Path, readme: Path = README) -> None:
-    """Write the section into the README (before "## Summary" the first time)."""
+    """Write the section into the README (at its end the first time)."""
     section = render(run_dir)
     text = readme.read_text()
     if BEGIN in text and END in text:
         pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
         text = pattern.sub(lambda _: section, text, count=1)
-    elif "\n## Summary\n" in text:
-        text = text.replace("\n## Summary\n", f"\n{section}\n\n## Summary\n", 1)
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
     readme.write_text(text)

@@ -96,6 +96,7 @@ def run_one(benchmark: Benchmark, quick: bool, out_dir: Path, timeout: float) ->
     if benchmark.json_option:
         arguments += ["--json", str(report)]
     command = [sys.executable, str(HERE / benchmark.script), *arguments]
+    shown = [a.replace(f"{HERE.parent}/", "") for a in arguments]  # paths from the repository
     print(f"=== {benchmark.name}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
     with log.open("w") as output:
@@ -117,7 +118,7 @@ def run_one(benchmark: Benchmark, quick: bool, out_dir: Path, timeout: float) ->
     return {
         "name": benchmark.name,
         "script": benchmark.script,
-        "command": " ".join([".venv/bin/python", f"benchmarks/{benchmark.script}", *arguments]),
+        "command": " ".join([".venv/bin/python", f"benchmarks/{benchmark.script}", *shown]),
         "status": status,
         "seconds": round(seconds, 1),
         "report": report.name if report.exists() else None,

@@ -51,6 +51,8 @@ def write_run(run_dir: Path) -> None:
                 "figures": [
                     figure("postgresql: inbox-1 per message", 900.0, "us"),
                     figure("postgresql: select-1 per message", 150.0, "us"),
+                    figure("sqlite: inbox-1 per message", 900.0, "us"),
+                    figure("sqlite: select-1 per message", 30.0, "us"),
                 ],
             }
         ]
@@ -101,6 +103,7 @@ def test_the_section_is_appended_once_then_replaced(tmp_path: Path) -> None:
     # Round trips: S7's own, S1's medians (900 / 150), the effect counted on the wire.
     assert "| S7 | batch, batch handler | 0.42 | same rounds |" in section
     assert "| S1 | postgresql inbox-1 | 6.00 | medians |" in section
+    assert "| S1 | sqlite" not in section  # SQLite's SELECT 1 is no round trip
     assert "| effect_cost | postgresql: one inbox.effect | 2.00 | counted on the wire |" in section
     assert "| batch, batch handler / per-message worker | 12.500 |  | >= 10 | yes |" in section
     assert "Traceback: broker unreachable" in section  # the failed one's output

@@ -1,6 +1,6 @@
 """The benchmark suite: every scenario (or some), one table, one JSON, plots beside it.
 
-    .venv/bin/python benchmarks/suite.py                      # S1..S6, full size (long)
+    .venv/bin/python benchmarks/suite.py                      # S1..S7, full size (long)
     .venv/bin/python benchmarks/suite.py --only S1 S2         # some scenarios
     .venv/bin/python benchmarks/suite.py --quick              # a small smoke run of all
     .venv/bin/python benchmarks/suite.py --only S4 --set S4.rows=2000000

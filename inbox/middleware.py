@@ -21,14 +21,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from inbox._effect_run import CURRENT_RUN
 from inbox.message import Message
 from inbox.result import ProcessResult
+
+if TYPE_CHECKING:  # the asyncio layer needs greenlet, which a blocking install lacks
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 __all__ = [
     "AsyncDeliveryHook",
@@ -47,9 +49,9 @@ __all__ = [
 Middleware: TypeAlias = Callable[[Message, Session, Callable[[Message], object]], object]
 """A blocking middleware: ``(message, session, call_next) -> what call_next returned``."""
 
-AsyncMiddleware: TypeAlias = Callable[
-    [Message, AsyncSession, Callable[[Message], Awaitable[object]]], Awaitable[object]
-]
+AsyncMiddleware: TypeAlias = (
+    "Callable[[Message, AsyncSession, Callable[[Message], Awaitable[object]]], Awaitable[object]]"
+)
 """An async middleware: ``async (message, session, call_next)``, awaiting ``call_next``."""
 
 DeliveryHook: TypeAlias = Callable[[Message, Callable[[Message], ProcessResult]], ProcessResult]

@@ -463,3 +463,20 @@ def test_a_deferred_compression_is_undone_and_the_header_shown_as_sent() -> None
     assert isinstance(read, Message)
     assert (read.id, read.type, read.body) == (ID, "op", {"ref": 1})
     assert read.headers["compression"] == "zlib"
+
+
+# Regression: inbox.middleware imported sqlalchemy.ext.asyncio at module level, which needs
+# greenlet; a plain `pip install .` has none, and `python -m inbox.demo` died on import.
+def test_the_blocking_inbox_and_its_tools_load_no_asyncio_layer() -> None:
+    code = (
+        "import sys\n"
+        "import inbox, inbox.middleware, inbox.outbox, inbox.demo, inbox.demo_sms\n"
+        "import inbox.broker.cli, inbox.broker.relay_cli, inbox.retention.cli, inbox.admin.cli\n"
+        "loaded = [m for m in ('sqlalchemy.ext.asyncio', 'greenlet') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Dialect,
     Executable,
     Insert,
+    LargeBinary,
     Table,
     bindparam,
     func,
@@ -235,24 +236,59 @@ def _is_primary_key_duplicate(exc: IntegrityError) -> bool:
 def batch_claimer_for(table: Table, dialect: Dialect) -> BatchClaimer:
     """Return the claim function for many keys at once, for ``table`` on a dialect.
 
-    PostgreSQL and SQLite (3.35+) send ONE statement, ``INSERT ... VALUES (...), (...) ON
-    CONFLICT DO NOTHING RETURNING message_id``: the returned keys are the ones this
-    transaction won. MySQL/MariaDB cannot say which rows of a multi-row insert-or-ignore
-    were inserted (and ``INSERT IGNORE`` would hide other errors), so there each key gets
-    the single-row claim, all in the same transaction: still one commit for the batch.
-    Callers pass keys in a fixed (sorted) order, so concurrent batches that share keys take
-    their row locks in the same order instead of deadlocking.
+    PostgreSQL gets ONE statement with ONE array parameter, ``INSERT ... SELECT k, :handler,
+    :at FROM unnest(:keys) AS k ORDER BY k ON CONFLICT DO NOTHING RETURNING message_id``:
+    the returned keys are the ones this transaction won. SQLite (3.35+) sends ``INSERT ...
+    VALUES (...), (...) ON CONFLICT DO NOTHING RETURNING message_id`` (one parameter set per
+    key). MySQL/MariaDB cannot say which rows of a multi-row insert-or-ignore were inserted
+    (and ``INSERT IGNORE`` would hide other errors), so there each key gets the single-row
+    claim, all in the same transaction: still one commit for the batch. Keys are claimed in
+    sorted order (callers pass them sorted; PostgreSQL's ``ORDER BY k`` sorts bytes as Python
+    does), so concurrent batches that share keys take their row locks in the same order
+    instead of deadlocking.
     """
     check_supported(dialect)
     key = [table.c.message_id, table.c.handler]
     dialect_name = dialect.name
     if dialect_name == "postgresql":
-        returning: Insert = postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
-    elif dialect_name == "sqlite" and sqlite3.sqlite_version_info >= _SQLITE_RETURNING:
+        return _array_claimer(table)
+    if dialect_name == "sqlite" and sqlite3.sqlite_version_info >= _SQLITE_RETURNING:
         returning = sqlite.insert(table).on_conflict_do_nothing(index_elements=key)
-    else:
-        return _one_by_one(claimer_for(table, dialect))
-    return _returning_claimer(returning.returning(table.c.message_id))
+        return _returning_claimer(returning.returning(table.c.message_id))
+    return _one_by_one(claimer_for(table, dialect))
+
+
+def _array_claimer(table: Table) -> BatchClaimer:
+    # One bytea[] parameter instead of one parameter set per key: the server gets a short
+    # statement and one array to unnest, not a 300-parameter VALUES list that SQLAlchemy
+    # renders and binds key by key. Built from the Table, so schema_translate_map applies;
+    # every PostgreSQL driver the inbox supports (psycopg, psycopg2, pg8000, asyncpg) binds
+    # the array as bytea[] (tests/test_claim_many_array.py).
+    keys = func.unnest(bindparam("keys", type_=postgresql.ARRAY(LargeBinary))).column_valued("k")
+    claimed = select(
+        keys,
+        bindparam("handler", type_=table.c.handler.type),
+        bindparam("processed_at", type_=table.c.processed_at.type),
+    ).order_by(keys)
+    statement = (
+        postgresql.insert(table)
+        .from_select(["message_id", "handler", "processed_at"], claimed)
+        .on_conflict_do_nothing(index_elements=[table.c.message_id, table.c.handler])
+        .returning(table.c.message_id)
+    )
+
+    def claim_many(
+        connection: Connection, keys: Sequence[bytes], handler: str, at: dt.datetime
+    ) -> Collection[bytes]:
+        if not keys:
+            return frozenset()
+        params = {"keys": list(keys), "handler": handler, "processed_at": at}
+        won = {uuid.bytes for uuid in connection.execute(statement, params).scalars()}
+        if not won <= set(keys):
+            raise InboxError("the claim insert returned a key it was not given")
+        return won
+
+    return claim_many
 
 
 def _returning_claimer(statement: Insert) -> BatchClaimer:

@@ -1,7 +1,7 @@
 """S7: a batch handler (one executemany per batch) vs the per-message worker and pgbench.
 
     .venv/bin/python benchmarks/s7_batch_handler.py [--messages 3000] [--batch-messages 20000]
-        [--rounds 3] [--batch-size 100] [--seconds 5]
+        [--rounds 3] [--batch-size 100] [--seconds 5] [--profile]
 
 In a fresh PostgreSQL schema, RabbitMQ → ``inbox.broker.Worker`` → PostgreSQL, every
 variant writing the same one-row ``INSERT INTO bench_order`` per message, alternating which
@@ -18,6 +18,12 @@ goes first round by round:
 * pgbench, 1 client, prepared, ``-T --seconds``: ``BEGIN; INSERT; COMMIT`` (one transaction
   per message: what one connection allows a design that commits every message) and the
   same with the inbox's claim (S3's two scripts);
+* ``process_batch``, no broker (``s7_database.py``): the same batch handler called through
+  ``inbox.process_batch`` on ``--batch-messages`` messages built in memory, in batches of
+  ``--batch-size``: the batch path at the database, the figure to set beside pgbench's
+  ``BEGIN; INSERT; COMMIT``; and the same with a handler that sends its rows as arrays
+  (``INSERT … SELECT unnest(:refs), unnest(:amounts)``). What one batch sends to the driver
+  is printed first (one line per cursor call); ``--profile`` adds a cProfile of one run;
 * kombu consumer, no database: a plain kombu ``Consumer`` at the same prefetch that acks
   every ``--batch-size`` deliveries with one ``multiple=True`` ack and does nothing else,
   over ``--batch-messages``: what the broker and kombu deliver to one Python consumer, the
@@ -60,6 +66,14 @@ from common import (
 from kombu import Connection, Consumer, Producer, Queue
 from s1_overhead import INSERT_ORDER, SELECT_ONE, business, orders
 from s3_ceiling import PgBench
+from s7_database import (
+    PB_EXECUTEMANY,
+    PB_UNNEST,
+    all_rows,
+    profile,
+    run_process_batch,
+    statements_per_batch,
+)
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -80,7 +94,18 @@ PG_INSERT = "pgbench insert only"
 PG_CLAIM = "pgbench claim + insert"
 BROKER_ONLY = "kombu consumer, no database"
 SELECT_1 = "SELECT 1"
-VARIANTS = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY, PG_INSERT, PG_CLAIM, SELECT_1)
+VARIANTS = (
+    PER_MESSAGE,
+    BATCH_SINGLE,
+    BATCH_HANDLER,
+    BROKER_ONLY,
+    PB_EXECUTEMANY,
+    PB_UNNEST,
+    PG_INSERT,
+    PG_CLAIM,
+    SELECT_1,
+)
+MESSAGE_RATES = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY, PB_EXECUTEMANY, PB_UNNEST)
 SELECTS = 2000  # SELECT 1 round trips per round
 HANDLER = "bench.orders"
 
@@ -102,6 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="pgbench -T per run")
     parser.add_argument("--pgbench", default="pgbench", help="the pgbench binary")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the rounds, cProfile one process_batch run (no broker) and print it",
+    )
 
 
 class Span:
@@ -135,11 +165,6 @@ class Span:
 def one_row(message: Message, session: Session) -> None:
     """The per-message handler: one INSERT."""
     session.execute(INSERT_ORDER, {"ref": message.body["ref"], "amount": 7})
-
-
-def all_rows(messages: list[Message], session: Session) -> None:
-    """The batch handler: the batch's rows in one executemany."""
-    session.execute(INSERT_ORDER, [{"ref": m.body["ref"], "amount": 7} for m in messages])
 
 
 def round_trips(engine: Engine) -> dict[str, Any]:
@@ -263,11 +288,17 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         def worker(variant: str, messages: int) -> Callable[[], dict[str, Any]]:
             return lambda: run_worker(engine, options, variant, messages, next(refs))
 
+        def batch_path(variant: str) -> Callable[[], dict[str, Any]]:
+            size, messages = options.batch_size, options.batch_messages
+            return lambda: run_process_batch(engine, variant, messages, size, next(refs))
+
         steps: dict[str, Callable[[], dict[str, Any]]] = {
             PER_MESSAGE: worker(PER_MESSAGE, options.messages),
             BATCH_SINGLE: worker(BATCH_SINGLE, options.batch_messages),
             BATCH_HANDLER: worker(BATCH_HANDLER, options.batch_messages),
             BROKER_ONLY: lambda: run_broker_only(options, options.batch_messages, next(refs)),
+            PB_EXECUTEMANY: batch_path(PB_EXECUTEMANY),
+            PB_UNNEST: batch_path(PB_UNNEST),
             PG_INSERT: lambda: bench.run(PG_INSERT, length),
             PG_CLAIM: lambda: bench.run(PG_CLAIM, length),
             SELECT_1: lambda: round_trips(engine),
@@ -275,14 +306,27 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         # Warm up: the pool, the statement caches, the server's plans and buffers.
         worker(BATCH_HANDLER, min(1000, options.batch_messages))()
         bench.run(PG_INSERT, ["-T", "1"])
+        sent: dict[str, list[str]] = {}
+        for variant in (PB_EXECUTEMANY, PB_UNNEST):
+            run_process_batch(engine, variant, 1000, options.batch_size, next(refs))
+            sent[variant] = statements_per_batch(engine, variant, options.batch_size, next(refs))
+            print(f"  one batch of {options.batch_size}, {variant}:")
+            for line in sent[variant]:
+                print(f"    {line}")
         for round_number in range(options.rounds):
             for name in alternate(round_number, VARIANTS):
                 sample = steps[name]()
                 samples[name].append({k: v for k, v in sample.items() if k != "output"})
-                print(f"  round {round_number + 1}: {name:<27} {sample['rate']:9.0f} /s")
+                print(f"  round {round_number + 1}: {name:<42} {sample['rate']:9.0f} /s")
+        if options.profile:
+            run_once = batch_path(PB_EXECUTEMANY)
+            profiled = profile(run_once)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "s7_profile.txt").write_text(profiled)
+            print(profiled)
         with engine.connect() as connection:
             written = connection.execute(select(func.count()).select_from(orders)).scalar_one()
-    return report(options, samples, version, written, out_dir)
+    return report(options, samples, version, written, out_dir, sent=sent)
 
 
 def report(
@@ -291,15 +335,15 @@ def report(
     version: str,
     written: int,
     out_dir: Path,
+    *,
+    sent: dict[str, list[str]],
 ) -> ScenarioReport:
     """Figures and the plot."""
     rates = {name: [s["rate"] for s in samples[name]] for name in VARIANTS}
     figures = []
     for name in VARIANTS:
         value, spread = median_spread(rates[name])
-        unit = (
-            "msg/s" if name in (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY) else "tx/s"
-        )
+        unit = "msg/s" if name in MESSAGE_RATES else "tx/s"
         unit = "round trips/s" if name == SELECT_1 else unit
         figures.append(Figure(f"{name} {unit}", value, unit, spread=spread))
     for name in VARIANTS[:-1]:  # per message, in SELECT 1 round trips of the same round
@@ -316,7 +360,11 @@ def report(
         figures.append(Figure(f"{top} / {bottom}", value, "x", verdict[0], verdict[1], spread))
 
     ratio(BATCH_HANDLER, PER_MESSAGE, 10.0)
-    ratio(BATCH_HANDLER, PG_INSERT, 3.0)
+    ratio(PB_EXECUTEMANY, PG_INSERT, 3.0)  # the batch path at the database
+    ratio(PB_UNNEST, PG_INSERT, None)
+    ratio(BATCH_HANDLER, PG_INSERT, 3.0)  # through RabbitMQ: bounded by the next line
+    ratio(BROKER_ONLY, PG_INSERT, None)
+    ratio(BATCH_HANDLER, PB_EXECUTEMANY, None)
     ratio(BATCH_HANDLER, PG_CLAIM, None)
     ratio(BATCH_HANDLER, BATCH_SINGLE, None)
     ratio(BATCH_SINGLE, PER_MESSAGE, None)
@@ -358,6 +406,7 @@ def report(
             "seconds": options.seconds,
             "handler": "one INSERT INTO bench_order per message",
             "rows_written": written,
+            "one_batch_sends": sent,
         },
         figures,
         {"samples": samples, "rates": rates},

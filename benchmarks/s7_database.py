@@ -1,0 +1,120 @@
+"""S7's database-side figures: ``inbox.process_batch`` with no broker, what the batch path
+costs at the database, beside pgbench in the same rounds (``s7_batch_handler.py`` runs them).
+
+* ``process_batch``, batch handler (one executemany): messages built in memory, batches of
+  ``--batch-size``, the same one-row batch handler as the worker's (``all_rows``);
+* the same with a batch handler that sends its rows as two arrays, one ``INSERT … SELECT
+  unnest(:refs), unnest(:amounts)`` (``all_rows_unnest``): what the handler's own statement
+  costs when it is one statement on the server too.
+
+:func:`statements_per_batch` records, with a ``before_cursor_execute`` listener, what one
+batch sends to the driver: each cursor call, whether it is an executemany and how many
+parameter sets it carries. :func:`profile` runs cProfile over one run.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+from collections.abc import Callable
+from typing import Any
+
+from s1_overhead import INSERT_ORDER, orders
+from sqlalchemy import BigInteger, Engine, Integer, bindparam, event, func, insert, select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session, sessionmaker
+
+from inbox import Inbox, Message, ProcessResult
+
+PB_EXECUTEMANY = "process_batch, batch handler (no broker)"
+PB_UNNEST = "process_batch, unnest handler (no broker)"
+HANDLER = "bench.orders"
+
+INSERT_ORDERS_UNNEST = insert(orders).from_select(
+    ["ref", "amount"],
+    select(
+        func.unnest(bindparam("refs", type_=postgresql.ARRAY(BigInteger))),
+        func.unnest(bindparam("amounts", type_=postgresql.ARRAY(Integer))),
+    ),
+)
+
+
+def all_rows(messages: list[Message], session: Session) -> None:
+    """The batch handler: the batch's rows in one executemany (S7's worker runs it too)."""
+    session.execute(INSERT_ORDER, [{"ref": m.body["ref"], "amount": 7} for m in messages])
+
+
+def all_rows_unnest(messages: list[Message], session: Session) -> None:
+    """The batch handler with the rows as two arrays: one statement, two parameters."""
+    refs = [m.body["ref"] for m in messages]
+    session.execute(INSERT_ORDERS_UNNEST, {"refs": refs, "amounts": [7] * len(refs)})
+
+
+def batch_inbox(engine: Engine, variant: str) -> Inbox:
+    """An inbox whose one batch handler is ``variant``'s."""
+    inbox = Inbox(sessionmaker(engine))
+    handler = all_rows if variant == PB_EXECUTEMANY else all_rows_unnest
+    inbox.batch_handler("order.created", name=HANDLER)(handler)
+    return inbox
+
+
+def batches(messages: int, size: int, first_ref: int) -> list[list[Message]]:
+    """``messages`` new order messages in batches of ``size``."""
+    made = [Message.new("order.created", {"ref": first_ref + i}) for i in range(messages)]
+    return [made[i : i + size] for i in range(0, messages, size)]
+
+
+def run_process_batch(
+    engine: Engine, variant: str, messages: int, size: int, first_ref: int
+) -> dict[str, Any]:
+    """``process_batch`` over ``messages`` in-memory messages: the rate (messages / the time
+    of the ``process_batch`` calls; building the messages is not timed)."""
+    inbox = batch_inbox(engine, variant)
+    work = batches(messages, size, first_ref)
+    results: list[Any] = []
+    clock = time.perf_counter
+    started = clock()
+    for batch in work:
+        results += inbox.process_batch(batch)
+    elapsed = clock() - started
+    processed = sum(isinstance(r, ProcessResult) and HANDLER in r.processed for r in results)
+    if processed != messages:
+        raise SystemExit(f"{variant}: processed {processed} of {messages}")
+    return {"rate": messages / elapsed, "messages": messages}
+
+
+def statements_per_batch(engine: Engine, variant: str, size: int, first_ref: int) -> list[str]:
+    """What one batch of ``size`` sends to the driver, one line per cursor call."""
+    inbox = batch_inbox(engine, variant)
+    (batch,) = batches(size, size, first_ref)
+    sent: list[str] = []
+
+    def record(
+        _conn: Any, _cursor: Any, statement: str, params: Any, _ctx: Any, many: bool
+    ) -> None:
+        words = " ".join(statement.split()[:3])
+        values = statement.count("), (") + 1 if " VALUES " in statement else 0
+        call = f"executemany of {len(params)} parameter sets" if many else "execute"
+        sent.append(f"{words} …: {call}" + (f", {values} VALUES rows" if values > 1 else ""))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        inbox.process_batch(batch)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return sent
+
+
+def profile(run: Callable[[], object], top: int = 30) -> str:
+    """cProfile over ``run()``: the ``top`` functions by cumulative and by own time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    return out.getvalue()

@@ -58,6 +58,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("S7", "s7_batch_handler.py", ("--quick",)),
     Benchmark("A1", "aio_overhead.py", ("--quick",)),
     Benchmark("A2", "aio_throughput.py", ("--quick",)),
+    Benchmark("TENANTS", "tenant_routing.py", ("--quick",)),
+    Benchmark("MARIADB_MULTI", "mariadb_multistatement.py", ("--quick",)),
     Benchmark("RELAY", "outbox_relay.py", ("--quick",)),
     Benchmark("effect_cost", "effect_cost.py", ("--messages", "100", "--rounds", "3")),
     Benchmark("outbox_publish", "outbox_publish.py", ("--messages", "200", "--rounds", "3")),

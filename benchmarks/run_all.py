@@ -81,6 +81,7 @@ HELPERS = {
     "machine.py",
     "aio_profile.py",  # sums a profile for A1/A2 --profile
     "s6_app.py",  # the application S6's worker process runs
+    "s7_database.py",  # S7's database-side figures; s7_batch_handler.py runs them
 }
 
 

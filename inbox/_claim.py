@@ -12,16 +12,19 @@ from sqlalchemy import (
     Dialect,
     Executable,
     Insert,
+    Integer,
     LargeBinary,
     Table,
     bindparam,
     func,
     insert,
+    literal_column,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from inbox._pipeline import BEGIN_WITH, COMMIT_WITH, pipelines
 from inbox.errors import InboxError, UnsupportedDialect
 from inbox.telemetry._core import timed_claim
 
@@ -97,6 +100,13 @@ class Claims:
             table.c.handler == bindparam("handler"),
         )
         self._held = select(func.count()).where(*this_claim)
+        # Fails in the database (division by zero) unless the claim row is there, so that a
+        # COMMIT sent behind it in the same round trip is skipped: see inbox/_pipeline.py.
+        self._held_or_fail = (
+            select(literal_column("1", Integer) // func.count())
+            .where(*this_claim)
+            .execution_options(**COMMIT_WITH)
+        )
         self._claimed_at = select(table.c.processed_at).where(*this_claim)
 
     def claim(self, connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
@@ -127,6 +137,13 @@ class Claims:
         """Whether the claim row ``(key, handler)`` is visible on ``connection`` now."""
         params = {"message_id": key, "handler": handler}
         return bool(connection.execute(self._held, params).scalar_one())
+
+    def commit_if_held(self, connection: Connection, key: bytes, handler: str) -> None:
+        """Check that the claim row ``(key, handler)`` is visible and COMMIT, in one round
+        trip (only where :func:`~inbox._pipeline.pipelines`); a missing claim raises the
+        database's division by zero (SQLSTATE 22012) and nothing is committed."""
+        params = {"message_id": key, "handler": handler}
+        connection.execute(self._held_or_fail, params)
 
     def claimed_at(self, connection: Connection, key: bytes, handler: str) -> dt.datetime | None:
         """The ``processed_at`` of the committed claim row ``(key, handler)``, if any: which
@@ -169,15 +186,23 @@ def _postgresql_claimer(statement: Insert, dialect: Dialect) -> Claimer:
     # are already what psycopg takes: bytes, str, an aware UTC datetime), but the same
     # connection events, error wrapping, pool invalidation and logging as any statement.
     # psycopg prepares the unchanging text on the server after a few executions.
+    # Where psycopg can pipeline, BEGIN goes in the claim's round trip (inbox/_pipeline.py).
     sql = str(statement.compile(dialect=dialect))
     fallback = _rowcount_claimer(statement)
+    pipelined_fallback = _rowcount_claimer(statement.execution_options(**BEGIN_WITH))
     options = {"preserve_rowcount": True}
+    pipelined = {**options, **BEGIN_WITH}
 
     def claim(connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
+        with_begin = pipelines(connection)
         if connection.get_execution_options().get("schema_translate_map"):
-            return fallback(connection, key, handler, at)  # the rendered name may not apply
+            # The rendered name may not apply: SQLAlchemy compiles it for the map.
+            chosen = pipelined_fallback if with_begin else fallback
+            return chosen(connection, key, handler, at)
         params = {"message_id": key, "handler": handler, "processed_at": at}
-        result = connection.exec_driver_sql(sql, params, execution_options=options)
+        result = connection.exec_driver_sql(
+            sql, params, execution_options=pipelined if with_begin else options
+        )
         return _won(result.rowcount)
 
     return claim

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Collection, Sequence
 from contextvars import Token
 from types import TracebackType
+from typing import Final
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -29,6 +30,7 @@ from inbox._claim import Claims
 from inbox._commit_guard import Guards, guard, unguard
 from inbox._effect_run import CURRENT_RUN, HandlerRun
 from inbox._handlers import RegisteredHandler
+from inbox._pipeline import DIVISION_BY_ZERO, pipelines, transaction_status
 from inbox._retry import is_transient
 from inbox._session_checks import (
     autocommits,
@@ -47,6 +49,7 @@ from inbox.message import Message
 __all__ = ["HandlerTransaction"]
 
 logger = logging.getLogger("inbox.core")
+_LIBPQ_IN_TRANSACTION: Final = 2  # PQTRANS_INTRANS: idle in a healthy transaction
 
 
 class HandlerTransaction:
@@ -151,12 +154,10 @@ class HandlerTransaction:
         """
         names = ", ".join(dict.fromkeys(h.name for h, _ in self._ran))
         ensure_committable(self._session, self._transaction, self._connection, names)
+        if self._won is not None and self._commit_pipelined(names):
+            return
         if self._won is not None and not self._claims.held(self._connection, *self._won):
-            raise TransactionControlError(
-                f"handler(s) {names} ended the inbox's transaction (a raw ROLLBACK, the "
-                "driver's rollback(), or an error the database aborted it for): the claim is "
-                "gone, so nothing was committed. Never end the transaction in a handler."
-            )
+            raise _claim_gone(names)
         if autocommits(self._connection):
             # A handler switched the connection to autocommit (MySQL's SET autocommit=1,
             # which also committed everything before it): every write, the claim included,
@@ -168,6 +169,40 @@ class HandlerTransaction:
         # The handlers' writes and the claims commit together, or not at all.
         self._session_type.commit(self._session)
         self._committed = True
+
+    def _commit_pipelined(self, names: str) -> bool:
+        """Where psycopg pipelines (inbox/_pipeline.py), check the claim and COMMIT in one
+        round trip and return True; False leaves the commit to the usual path.
+
+        Not taken when the session's commit is not the driver's COMMIT (a savepoint: a session
+        joined to an outer transaction, a handler's unreleased ``begin_nested()``), or when
+        it would still write after the COMMIT went out (``before_commit`` listeners, objects
+        a flush leaves pending).
+        """
+        session, connection = self._session, self._connection
+        if (
+            session.dispatch.before_commit
+            or connection.in_nested_transaction()  # a savepoint: SQLAlchemy releases it
+            or not pipelines(connection)
+            or transaction_status(connection) != _LIBPQ_IN_TRANSACTION
+        ):
+            return False
+        self._session_type.flush(session)
+        if session.new or session.dirty or session.deleted:
+            return False
+        assert self._won is not None
+        try:
+            self._claims.commit_if_held(connection, *self._won)
+        except DBAPIError as failure:
+            if getattr(failure.orig, "sqlstate", None) == DIVISION_BY_ZERO:
+                raise _claim_gone(names) from failure
+            raise
+        # The driver has committed; this completes the session's bookkeeping (and its
+        # after_commit events) without another round trip: psycopg sends nothing when no
+        # transaction is open.
+        self._session_type.commit(session)
+        self._committed = True
+        return True
 
     def __exit__(
         self,
@@ -235,6 +270,14 @@ class HandlerTransaction:
 
     def _end(self) -> None:
         self._session_type.close(self._session)
+
+
+def _claim_gone(names: str) -> TransactionControlError:
+    return TransactionControlError(
+        f"handler(s) {names} ended the inbox's transaction (a raw ROLLBACK, the "
+        "driver's rollback(), or an error the database aborted it for): the claim is "
+        "gone, so nothing was committed. Never end the transaction in a handler."
+    )
 
 
 def _connection_lost(exc: BaseException) -> bool:

@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claims", type=int, default=2000, help="claims per path, claim alone")
     parser.add_argument("--calls", type=int, default=200_000, help="routing calls, no database")
     parser.add_argument(
+        "--synchronous-commit",
+        choices=["on", "off"],
+        default="on",
+        help="off: commits do not wait for the WAL flush (the sessions' setting), so a busy "
+        "disk's noise leaves the figures; round trips and Python stay",
+    )
+    parser.add_argument(
         "--tenants",
         type=int,
         nargs="+",
@@ -103,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Schemas:
     """The run's schemas (a base one on the search path and N tenant ones) on one engine."""
 
-    def __init__(self, url: str, tenants: int) -> None:
+    def __init__(self, url: str, tenants: int, synchronous_commit: str = "on") -> None:
         base = make_url(url)
         if base.get_backend_name() != "postgresql":
             raise SystemExit("tenant_routing.py measures schema_translate_map on PostgreSQL")
@@ -114,9 +121,8 @@ class Schemas:
         with self._admin.connect() as connection:
             for schema in (self.base, *self.tenants):
                 connection.execute(text(f"CREATE SCHEMA {schema}"))
-        self.engine = create_engine(
-            base.update_query_dict({"options": f"-csearch_path={self.base}"})
-        )
+        options = f"-csearch_path={self.base} -csynchronous_commit={synchronous_commit}"
+        self.engine = create_engine(base.update_query_dict({"options": options}))
         for schema in (None, *self.tenants):
             target = (
                 self.engine
@@ -213,8 +219,10 @@ def select_ones(sessions: sessionmaker[Session], count: int) -> None:
 
 def measure_rounds(
     schemas: Schemas, inboxes: dict[str, Inbox], tenants: dict[str, list[str]], options: Any
-) -> dict[str, list[float]]:
-    """µs per message of every variant, one sample per round."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """µs per message of every variant, one sample per round: wall time, and this process's
+    CPU time (Python, SQLAlchemy, psycopg and libpq; not the server's, not the waiting),
+    which other jobs on the machine disturb much less."""
     sessions = sessionmaker(schemas.engine)
     batches = Batches()
     messages: int = options.messages
@@ -225,6 +233,7 @@ def measure_rounds(
     select_ones(sessions, 200)
     names = variants(options.tenants)
     samples: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for round_number in range(options.rounds):
         steps: list[tuple[str, Callable[[], None]]] = [
             ("plain-3", functools.partial(plain, sessions, batches.make(messages, []))),
@@ -235,14 +244,17 @@ def measure_rounds(
             ("select-1", functools.partial(select_ones, sessions, messages)),
         ]
         for name, step in alternate(round_number, steps):
+            started = time.process_time()
             samples[name].append(timed(step) / messages * 1e6)
+            cpu[name].append((time.process_time() - started) / messages * 1e6)
         print(
             f"  round {round_number + 1}: "
             + ", ".join(f"{name} {samples[name][-1]:.0f}" for name in names)
-            + " us/msg",
+            + " us/msg; client CPU "
+            + ", ".join(f"{cpu[name][-1]:.0f}" for name in names),
             flush=True,
         )
-    return samples
+    return samples, cpu
 
 
 def count_statements(
@@ -308,7 +320,8 @@ def prepared_statements(schemas: Schemas) -> dict[str, Any]:
 
 
 def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[float]]:
-    """µs per claim on one connection in one transaction (rolled back), three ways."""
+    """µs per claim on one connection in one transaction (rolled back), three ways: wall
+    time ("<path>") and this process's CPU time ("<path>, client CPU")."""
     table_claims = Claims(inbox_message)
     statement = postgresql.insert(inbox_message).on_conflict_do_nothing(
         index_elements=[inbox_message.c.message_id, inbox_message.c.handler]
@@ -320,14 +333,16 @@ def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[fl
     def run(engine: Engine, claim: Callable[[Connection, bytes, str, dt.datetime], bool]) -> None:
         keys = [uuid.uuid4().bytes for _ in range(claims)]
         with engine.connect() as connection, connection.begin() as transaction:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             for key in keys:
                 if not claim(connection, key, HANDLER, at):
                     raise AssertionError("a fresh key was not claimed")
             elapsed.append(time.perf_counter() - started)
+            cpu_elapsed.append(time.process_time() - cpu_started)
             transaction.rollback()
 
     elapsed: list[float] = []
+    cpu_elapsed: list[float] = []
     steps = {
         "exec_driver_sql": functools.partial(run, schemas.engine, table_claims.claim),
         "execute, no map": functools.partial(run, schemas.engine, core),
@@ -335,11 +350,14 @@ def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[fl
     }
     for step in steps.values():  # warm: caches, prepared statements
         step()
-    samples: dict[str, list[float]] = {name: [] for name in CLAIM_PATHS}
+    samples: dict[str, list[float]] = {
+        label: [] for name in CLAIM_PATHS for label in (name, f"{name}, client CPU")
+    }
     for round_number in range(rounds):
         for name in alternate(round_number, CLAIM_PATHS):
             steps[name]()
             samples[name].append(elapsed[-1] / claims * 1e6)
+            samples[f"{name}, client CPU"].append(cpu_elapsed[-1] / claims * 1e6)
     return samples
 
 
@@ -413,16 +431,17 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         raise SystemExit("--tenants must include 1 (the routing function's own cost)")
     options.tenants = counts
     largest = max(counts)
-    schemas = Schemas(options.database_url, largest)
+    schemas = Schemas(options.database_url, largest, options.synchronous_commit)
     try:
         inboxes, tenants = build_inboxes(schemas, counts)
         version = f"postgresql {server_version(schemas.engine)}"
         print(
             f"TENANTS on {version}: {options.messages} messages x {options.rounds} rounds, "
-            f"tenants {', '.join(map(str, counts))}",
+            f"tenants {', '.join(map(str, counts))}, synchronous_commit "
+            f"{options.synchronous_commit}",
             flush=True,
         )
-        samples = measure_rounds(schemas, inboxes, tenants, options)
+        samples, cpu = measure_rounds(schemas, inboxes, tenants, options)
         counted = count_statements(schemas, inboxes, tenants)
         caches = prepared_statements(schemas)
         claims = claim_paths(schemas, options.claims, options.rounds)
@@ -431,7 +450,11 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         schemas.drop()
     for name in variants(counts):
         value, (low, high) = median_spread(samples[name])
-        print(f"  {name:<12} {value:9.1f} us/msg  ({low:.1f}..{high:.1f})")
+        cpu_value, (cpu_low, cpu_high) = median_spread(cpu[name])
+        print(
+            f"  {name:<12} {value:9.1f} us/msg  ({low:.1f}..{high:.1f}); client CPU "
+            f"{cpu_value:.1f} ({cpu_low:.1f}..{cpu_high:.1f})"
+        )
     print("  statements / compiled-cache misses per message (60 messages, after the rounds):")
     for name, values in counted.items():
         print(
@@ -439,27 +462,53 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             f" (cache entries added {values['compiled_cache_entries_added']})"
         )
     print(f"  caches after the run: {caches}")
-    for name in CLAIM_PATHS:
+    for name in claims:
         value, (low, high) = median_spread(claims[name])
-        print(f"  claim alone, {name:<30} {value:7.1f} us  ({low:.1f}..{high:.1f})")
+        print(f"  claim alone, {name:<42} {value:7.1f} us  ({low:.1f}..{high:.1f})")
     for name, values in calls.items():
         value, (low, high) = median_spread(values)
         print(f"  {name:<22} {value:7.0f} ns/call  ({low:.0f}..{high:.0f})")
 
     figures = ratio_figures(samples, counts)
-    claim_delta = [
-        m - d
-        for m, d in zip(
-            claims["execute, schema_translate_map"], claims["exec_driver_sql"], strict=True
-        )
-    ]
-    core_delta = [
-        c - d for c, d in zip(claims["execute, no map"], claims["exec_driver_sql"], strict=True)
-    ]
+    names = variants(counts)[:-1]
+    for label, minus in (
+        *((f"tenants-{n} - inbox-3", f"tenants-{n}") for n in counts),
+        ("inbox-3-map - inbox-3", "inbox-3-map"),
+        ("tenants-1 - inbox-3-map", "tenants-1"),
+        ("inbox-3 - plain-3", "inbox-3"),
+    ):
+        base = label.split(" - ")[1]
+        values = [v - b for v, b in zip(cpu[minus], cpu[base], strict=True)]
+        value, spread = median_spread(values)
+        figures.append(Figure(f"{label}, client CPU per message", value, "us", spread=spread))
+    for name in names:
+        value, spread = median_spread(cpu[name])
+        figures.append(Figure(f"{name}: client CPU us per message", value, "us", spread=spread))
+
+    def delta(path: str, suffix: str = "") -> list[float]:
+        return [
+            m - d
+            for m, d in zip(
+                claims[f"{path}{suffix}"], claims[f"exec_driver_sql{suffix}"], strict=True
+            )
+        ]
+
+    cpu_suffix = ", client CPU"
     for label, values in (
-        ("claim alone: execute under schema_translate_map - exec_driver_sql", claim_delta),
-        ("claim alone: execute without a map - exec_driver_sql", core_delta),
-        *((f"claim alone: {name}", claims[name]) for name in CLAIM_PATHS),
+        (
+            "claim alone: execute under schema_translate_map - exec_driver_sql",
+            delta("execute, schema_translate_map"),
+        ),
+        ("claim alone: execute without a map - exec_driver_sql", delta("execute, no map")),
+        (
+            "claim alone, client CPU: execute under schema_translate_map - exec_driver_sql",
+            delta("execute, schema_translate_map", cpu_suffix),
+        ),
+        (
+            "claim alone, client CPU: execute without a map - exec_driver_sql",
+            delta("execute, no map", cpu_suffix),
+        ),
+        *((f"claim alone: {name}", claims[name]) for name in claims),
     ):
         value, spread = median_spread(values)
         figures.append(Figure(label, value, "us", spread=spread))
@@ -503,10 +552,12 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             "claims": options.claims,
             "calls": options.calls,
             "server": version,
+            "synchronous_commit": options.synchronous_commit,
         },
         figures,
         {
             "samples_us_per_message": samples,
+            "client_cpu_us_per_message": cpu,
             "counted_per_message": counted,
             "caches": caches,
             "claim_alone_us": claims,

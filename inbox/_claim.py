@@ -20,11 +20,12 @@ from sqlalchemy import (
     insert,
     literal_column,
     select,
+    type_coerce,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from inbox._pipeline import BEGIN_WITH, COMMIT_WITH, pipelines
+from inbox._shared_round_trips import BEGIN_WITH, COMMIT_WITH, shares_round_trips
 from inbox.errors import InboxError, UnsupportedDialect
 from inbox.telemetry._core import timed_claim
 
@@ -101,7 +102,7 @@ class Claims:
         )
         self._held = select(func.count()).where(*this_claim)
         # Fails in the database (division by zero) unless the claim row is there, so that a
-        # COMMIT sent behind it in the same round trip is skipped: see inbox/_pipeline.py.
+        # COMMIT sent behind it in the same round trip is skipped: see inbox/_shared_round_trips.py.
         self._held_or_fail = (
             select(literal_column("1", Integer) // func.count())
             .where(*this_claim)
@@ -140,8 +141,8 @@ class Claims:
 
     def commit_if_held(self, connection: Connection, key: bytes, handler: str) -> None:
         """Check that the claim row ``(key, handler)`` is visible and COMMIT, in one round
-        trip (only where :func:`~inbox._pipeline.pipelines`); a missing claim raises the
-        database's division by zero (SQLSTATE 22012) and nothing is committed."""
+        trip (only where ``shares_round_trips``, inbox/_shared_round_trips.py); a missing
+        claim raises the database's division by zero (SQLSTATE 22012), nothing committed."""
         params = {"message_id": key, "handler": handler}
         connection.execute(self._held_or_fail, params)
 
@@ -186,22 +187,22 @@ def _postgresql_claimer(statement: Insert, dialect: Dialect) -> Claimer:
     # are already what psycopg takes: bytes, str, an aware UTC datetime), but the same
     # connection events, error wrapping, pool invalidation and logging as any statement.
     # psycopg prepares the unchanging text on the server after a few executions.
-    # Where psycopg can pipeline, BEGIN goes in the claim's round trip (inbox/_pipeline.py).
+    # With psycopg 3, BEGIN goes in the claim's round trip (inbox/_shared_round_trips.py).
     sql = str(statement.compile(dialect=dialect))
     fallback = _rowcount_claimer(statement)
-    pipelined_fallback = _rowcount_claimer(statement.execution_options(**BEGIN_WITH))
+    with_begin_fallback = _rowcount_claimer(statement.execution_options(**BEGIN_WITH))
     options = {"preserve_rowcount": True}
-    pipelined = {**options, **BEGIN_WITH}
+    with_begin_options = {**options, **BEGIN_WITH}
 
     def claim(connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
-        with_begin = pipelines(connection)
+        with_begin = shares_round_trips(connection)
         if connection.get_execution_options().get("schema_translate_map"):
             # The rendered name may not apply: SQLAlchemy compiles it for the map.
-            chosen = pipelined_fallback if with_begin else fallback
+            chosen = with_begin_fallback if with_begin else fallback
             return chosen(connection, key, handler, at)
         params = {"message_id": key, "handler": handler, "processed_at": at}
         result = connection.exec_driver_sql(
-            sql, params, execution_options=pipelined if with_begin else options
+            sql, params, execution_options=with_begin_options if with_begin else options
         )
         return _won(result.rowcount)
 
@@ -299,7 +300,8 @@ def _array_claimer(table: Table) -> BatchClaimer:
         postgresql.insert(table)
         .from_select(["message_id", "handler", "processed_at"], claimed)
         .on_conflict_do_nothing(index_elements=[table.c.message_id, table.c.handler])
-        .returning(table.c.message_id)
+        # The raw bytes back: no uuid.UUID made per row only to take its .bytes again.
+        .returning(type_coerce(table.c.message_id, LargeBinary))
     )
 
     def claim_many(
@@ -308,7 +310,7 @@ def _array_claimer(table: Table) -> BatchClaimer:
         if not keys:
             return frozenset()
         params = {"keys": list(keys), "handler": handler, "processed_at": at}
-        won = {uuid.bytes for uuid in connection.execute(statement, params).scalars()}
+        won = {bytes(key) for key in connection.execute(statement, params).scalars()}
         if not won <= set(keys):
             raise InboxError("the claim insert returned a key it was not given")
         return won

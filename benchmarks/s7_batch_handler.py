@@ -1,7 +1,7 @@
 """S7: a batch handler (one executemany per batch) vs the per-message worker and pgbench.
 
     .venv/bin/python benchmarks/s7_batch_handler.py [--messages 3000] [--batch-messages 20000]
-        [--rounds 3] [--batch-size 100] [--seconds 5] [--profile]
+        [--rounds 3] [--batch-size 100] [--seconds 5] [--profile] [--database-only]
 
 In a fresh PostgreSQL schema, RabbitMQ → ``inbox.broker.Worker`` → PostgreSQL, every
 variant writing the same one-row ``INSERT INTO bench_order`` per message, alternating which
@@ -24,6 +24,7 @@ goes first round by round:
   ``BEGIN; INSERT; COMMIT``; and the same with a handler that sends its rows as arrays
   (``INSERT … SELECT unnest(:refs), unnest(:amounts)``). What one batch sends to the driver
   is printed first (one line per cursor call); ``--profile`` adds a cProfile of one run;
+  ``--database-only`` runs these, pgbench and ``SELECT 1`` alone (no broker variants);
 * kombu consumer, no database: a plain kombu ``Consumer`` at the same prefetch that acks
   every ``--batch-size`` deliveries with one ``multiple=True`` ack and does nothing else,
   over ``--batch-messages``: what the broker and kombu deliver to one Python consumer, the
@@ -63,14 +64,16 @@ from common import (
     scenario_main,
     server_version,
 )
-from kombu import Connection, Consumer, Producer, Queue
 from s1_overhead import INSERT_ORDER, SELECT_ONE, business, orders
 from s3_ceiling import PgBench
 from s7_database import (
     PB_EXECUTEMANY,
     PB_UNNEST,
+    Span,
     all_rows,
+    fill,
     profile,
+    run_broker_only,
     run_process_batch,
     statements_per_batch,
 )
@@ -81,7 +84,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from inbox import Inbox, Message
 from inbox.broker import Worker
 from inbox.broker._idle import delete_queues, run_until_idle
-from inbox.message import uuid7
 
 SCENARIO = "S7"
 TITLE = "batch handler: worker batch + one executemany vs per-message worker and pgbench"
@@ -105,6 +107,7 @@ VARIANTS = (
     PG_CLAIM,
     SELECT_1,
 )
+DATABASE_VARIANTS = (PB_EXECUTEMANY, PB_UNNEST, PG_INSERT, PG_CLAIM, SELECT_1)
 MESSAGE_RATES = (PER_MESSAGE, BATCH_SINGLE, BATCH_HANDLER, BROKER_ONLY, PB_EXECUTEMANY, PB_UNNEST)
 SELECTS = 2000  # SELECT 1 round trips per round
 HANDLER = "bench.orders"
@@ -132,34 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="after the rounds, cProfile one process_batch run (no broker) and print it",
     )
-
-
-class Span:
-    """Start of the first and end of the last inbox call a worker made: wraps the inbox's
-    ``process`` and ``process_batch`` on the instance, as the worker calls them."""
-
-    def __init__(self, inbox: Inbox) -> None:
-        self.first: float | None = None
-        self.last = 0.0
-        self.calls = 0
-        for name in ("process", "process_batch"):
-            setattr(inbox, name, self._timed(getattr(inbox, name)))
-
-    def _timed(self, call: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def timed(argument: Any) -> Any:
-            if self.first is None:
-                self.first = time.perf_counter()
-            self.calls += 1
-            try:
-                return call(argument)
-            finally:
-                self.last = time.perf_counter()
-
-        return timed
-
-    def rate(self, messages: int) -> float:
-        assert self.first is not None, "the worker processed nothing"
-        return messages / (self.last - self.first)
+    parser.add_argument(
+        "--database-only",
+        action="store_true",
+        help="only the variants without a broker: process_batch, pgbench, SELECT 1",
+    )
 
 
 def one_row(message: Message, session: Session) -> None:
@@ -175,28 +155,6 @@ def round_trips(engine: Engine) -> dict[str, Any]:
             session.execute(SELECT_ONE).scalar_one()
         elapsed = time.perf_counter() - started
     return {"rate": SELECTS / elapsed}
-
-
-def fill(broker: str, queue: str, messages: int, first_ref: int) -> None:
-    """Publish ``messages`` order messages to ``queue`` (persistent, UUIDv7 ids, not
-    confirmed one by one: this is set-up, not measured), then wait until all are queued."""
-    with Connection(broker) as connection:
-        producer = Producer(connection.channel())
-        for ref in range(first_ref, first_ref + messages):
-            producer.publish(
-                {"ref": ref},
-                routing_key=queue,
-                serializer="json",
-                message_id=str(uuid7()),
-                type="order.created",
-                delivery_mode=2,
-            )
-        channel = connection.channel()
-        deadline = time.monotonic() + 60
-        while channel.queue_declare(queue=queue, passive=True).message_count < messages:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{queue}: the broker did not queue {messages} messages")
-            time.sleep(0.05)
 
 
 def run_worker(
@@ -243,34 +201,6 @@ def run_worker(
     }
 
 
-def run_broker_only(options: argparse.Namespace, messages: int, first_ref: int) -> dict[str, Any]:
-    """A kombu consumer that only acks (``multiple=True`` every batch): its rate."""
-    queue = Queue(f"bench-s7-{uuid.uuid4().hex[:8]}", durable=True, auto_delete=False)
-    with Connection(options.broker) as connection:
-        channel = connection.channel()
-        queue(channel).declare()
-        seen: list[Any] = []
-        times: list[float] = []
-
-        def on_message(_body: Any, delivery: Any) -> None:
-            if not times:
-                times.append(time.perf_counter())
-            seen.append(delivery)
-            if len(seen) % options.batch_size == 0 or len(seen) == messages:
-                delivery.ack(multiple=True)
-                times[1:] = [time.perf_counter()]
-
-        try:
-            fill(options.broker, queue.name, messages, first_ref)
-            prefetch = max(options.prefetch, options.batch_size)
-            with Consumer(channel, [queue], callbacks=[on_message], prefetch_count=prefetch):
-                while len(seen) < messages:
-                    connection.drain_events(timeout=10)
-        finally:
-            queue(channel).delete()
-    return {"rate": messages / (times[-1] - times[0]), "messages": messages}
-
-
 def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
     """Every variant, alternated, ``--rounds`` times."""
     if shutil.which(options.pgbench) is None:
@@ -303,8 +233,10 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             PG_CLAIM: lambda: bench.run(PG_CLAIM, length),
             SELECT_1: lambda: round_trips(engine),
         }
+        variants = DATABASE_VARIANTS if options.database_only else VARIANTS
         # Warm up: the pool, the statement caches, the server's plans and buffers.
-        worker(BATCH_HANDLER, min(1000, options.batch_messages))()
+        if not options.database_only:
+            worker(BATCH_HANDLER, min(1000, options.batch_messages))()
         bench.run(PG_INSERT, ["-T", "1"])
         sent: dict[str, list[str]] = {}
         for variant in (PB_EXECUTEMANY, PB_UNNEST):
@@ -314,7 +246,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             for line in sent[variant]:
                 print(f"    {line}")
         for round_number in range(options.rounds):
-            for name in alternate(round_number, VARIANTS):
+            for name in alternate(round_number, variants):
                 sample = steps[name]()
                 samples[name].append({k: v for k, v in sample.items() if k != "output"})
                 print(f"  round {round_number + 1}: {name:<42} {sample['rate']:9.0f} /s")
@@ -339,14 +271,15 @@ def report(
     sent: dict[str, list[str]],
 ) -> ScenarioReport:
     """Figures and the plot."""
+    ran = [name for name in VARIANTS if samples[name]]
     rates = {name: [s["rate"] for s in samples[name]] for name in VARIANTS}
     figures = []
-    for name in VARIANTS:
+    for name in ran:
         value, spread = median_spread(rates[name])
         unit = "msg/s" if name in MESSAGE_RATES else "tx/s"
         unit = "round trips/s" if name == SELECT_1 else unit
         figures.append(Figure(f"{name} {unit}", value, unit, spread=spread))
-    for name in VARIANTS[:-1]:  # per message, in SELECT 1 round trips of the same round
+    for name in ran[:-1]:  # per message, in SELECT 1 round trips of the same round
         per_round = [rtt / rate for rate, rtt in zip(rates[name], rates[SELECT_1], strict=True)]
         value, spread = median_spread(per_round)
         figures.append(
@@ -354,6 +287,8 @@ def report(
         )
 
     def ratio(top: str, bottom: str, target: float | None) -> None:
+        if not (rates[top] and rates[bottom]):
+            return  # not run (--database-only)
         per_round = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
         value, spread = median_spread(per_round)
         verdict = at_least(value, target) if target is not None else ("", None)
@@ -369,18 +304,8 @@ def report(
     ratio(BATCH_HANDLER, BATCH_SINGLE, None)
     ratio(BATCH_SINGLE, PER_MESSAGE, None)
     ratio(BATCH_HANDLER, BROKER_ONLY, None)
-    per_batch = [s["multiple_acks"] / s["batches"] for s in samples[BATCH_HANDLER]]
-    figures.append(
-        Figure(
-            "batch handler: multiple acks / batches (1.0: every batch acked with one frame)",
-            median_spread(per_batch)[0],
-            "ratio",
-            spread=median_spread(per_batch)[1],
-        )
-    )
-    size = [s["messages"] / s["batches"] for s in samples[BATCH_HANDLER]]
-    value, spread = median_spread(size)
-    figures.append(Figure("batch handler: messages per batch", value, "", spread=spread))
+    if samples[BATCH_HANDLER]:
+        figures += batch_figures(samples[BATCH_HANDLER])
     rounds = list(range(1, options.rounds + 1))
     plots = []
     plot = plot_lines(
@@ -388,7 +313,7 @@ def report(
         "S7: one-row handler, messages (transactions) per second",
         "round",
         "per second",
-        {name: (rounds, rates[name]) for name in VARIANTS},
+        {name: (rounds, rates[name]) for name in ran},
     )
     if plot:
         plots.append(plot)
@@ -407,11 +332,30 @@ def report(
             "handler": "one INSERT INTO bench_order per message",
             "rows_written": written,
             "one_batch_sends": sent,
+            "variants": ran,
         },
         figures,
         {"samples": samples, "rates": rates},
         plots,
     )
+
+
+def batch_figures(samples: list[dict[str, Any]]) -> list[Figure]:
+    """The worker's batch handler runs: acks per batch, messages per batch."""
+    figures = []
+    per_batch = [s["multiple_acks"] / s["batches"] for s in samples]
+    figures.append(
+        Figure(
+            "batch handler: multiple acks / batches (1.0: every batch acked with one frame)",
+            median_spread(per_batch)[0],
+            "ratio",
+            spread=median_spread(per_batch)[1],
+        )
+    )
+    size = [s["messages"] / s["batches"] for s in samples]
+    value, spread = median_spread(size)
+    figures.append(Figure("batch handler: messages per batch", value, "", spread=spread))
+    return figures
 
 
 if __name__ == "__main__":

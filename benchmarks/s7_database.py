@@ -1,5 +1,6 @@
-"""S7's database-side figures: ``inbox.process_batch`` with no broker, what the batch path
-costs at the database, beside pgbench in the same rounds (``s7_batch_handler.py`` runs them).
+"""S7's helpers (``s7_batch_handler.py`` runs them). The database-side figures:
+``inbox.process_batch`` with no broker, what the batch path costs at the database, beside
+pgbench in the same rounds:
 
 * ``process_batch``, batch handler (one executemany): messages built in memory, batches of
   ``--batch-size``, the same one-row batch handler as the worker's (``all_rows``);
@@ -10,23 +11,30 @@ costs at the database, beside pgbench in the same rounds (``s7_batch_handler.py`
 :func:`statements_per_batch` records, with a ``before_cursor_execute`` listener, what one
 batch sends to the driver: each cursor call, whether it is an executemany and how many
 parameter sets it carries. :func:`profile` runs cProfile over one run.
+
+The broker side: :class:`Span` times a worker's inbox calls, :func:`fill` fills a queue,
+:func:`run_broker_only` is the kombu consumer that only acks (the broker edge's ceiling).
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kombu import Connection, Consumer, Producer, Queue
 from s1_overhead import INSERT_ORDER, orders
 from sqlalchemy import BigInteger, Engine, Integer, bindparam, event, func, insert, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, ProcessResult
+from inbox.message import uuid7
 
 PB_EXECUTEMANY = "process_batch, batch handler (no broker)"
 PB_UNNEST = "process_batch, unnest handler (no broker)"
@@ -118,3 +126,81 @@ def profile(run: Callable[[], object], top: int = 30) -> str:
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+class Span:
+    """Start of the first and end of the last inbox call a worker made: wraps the inbox's
+    ``process`` and ``process_batch`` on the instance, as the worker calls them."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+        self.calls = 0
+        for name in ("process", "process_batch"):
+            setattr(inbox, name, self._timed(getattr(inbox, name)))
+
+    def _timed(self, call: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed(argument: Any) -> Any:
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.calls += 1
+            try:
+                return call(argument)
+            finally:
+                self.last = time.perf_counter()
+
+        return timed
+
+    def rate(self, messages: int) -> float:
+        assert self.first is not None, "the worker processed nothing"
+        return messages / (self.last - self.first)
+
+
+def fill(broker: str, queue: str, messages: int, first_ref: int) -> None:
+    """Publish ``messages`` order messages to ``queue`` (persistent, UUIDv7 ids, not
+    confirmed one by one: this is set-up, not measured), then wait until all are queued."""
+    with Connection(broker) as connection:
+        producer = Producer(connection.channel())
+        for ref in range(first_ref, first_ref + messages):
+            producer.publish(
+                {"ref": ref},
+                routing_key=queue,
+                serializer="json",
+                message_id=str(uuid7()),
+                type="order.created",
+                delivery_mode=2,
+            )
+        channel = connection.channel()
+        deadline = time.monotonic() + 60
+        while channel.queue_declare(queue=queue, passive=True).message_count < messages:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{queue}: the broker did not queue {messages} messages")
+            time.sleep(0.05)
+
+
+def run_broker_only(options: argparse.Namespace, messages: int, first_ref: int) -> dict[str, Any]:
+    """A kombu consumer that only acks (``multiple=True`` every batch): its rate."""
+    queue = Queue(f"bench-s7-{uuid.uuid4().hex[:8]}", durable=True, auto_delete=False)
+    with Connection(options.broker) as connection:
+        channel = connection.channel()
+        queue(channel).declare()
+        seen: list[Any] = []
+        times: list[float] = []
+
+        def on_message(_body: Any, delivery: Any) -> None:
+            if not times:
+                times.append(time.perf_counter())
+            seen.append(delivery)
+            if len(seen) % options.batch_size == 0 or len(seen) == messages:
+                delivery.ack(multiple=True)
+                times[1:] = [time.perf_counter()]
+
+        try:
+            fill(options.broker, queue.name, messages, first_ref)
+            prefetch = max(options.prefetch, options.batch_size)
+            with Consumer(channel, [queue], callbacks=[on_message], prefetch_count=prefetch):
+                while len(seen) < messages:
+                    connection.drain_events(timeout=10)
+        finally:
+            queue(channel).delete()
+    return {"rate": messages / (times[-1] - times[0]), "messages": messages}

@@ -60,6 +60,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("A2", "aio_throughput.py", ("--quick",)),
     Benchmark("TENANTS", "tenant_routing.py", ("--quick",)),
     Benchmark("MARIADB_MULTI", "mariadb_multistatement.py", ("--quick",)),
+    Benchmark("ROUND_TRIPS", "round_trips.py", ("--quick",)),
     Benchmark("RELAY", "outbox_relay.py", ("--quick",)),
     Benchmark("effect_cost", "effect_cost.py", ("--messages", "100", "--rounds", "3")),
     Benchmark("outbox_publish", "outbox_publish.py", ("--messages", "200", "--rounds", "3")),

@@ -4,11 +4,13 @@
 
 Replaces the part of the README between ``<!-- results:begin -->`` and
 ``<!-- results:end -->`` (appended at the end the first time) with: the run's
-command, mode and duration; the machine and versions; "what to expect on your hardware" (per
-message costs in ``SELECT 1`` round trips, which carry over between machines better than
-microseconds); every benchmark's figures, or the tail of its output; where the raw JSON,
-logs and plots are. The plots (the round-trip chart, the S7 rates, and every plot a
-benchmark saved, copied in) are written into the run's directory, which git ignores.
+command, mode and duration; the machine and versions; "what to expect on your hardware" (the
+round trips per message of every path counted on the wire by ``round_trips.py``, and the
+rule to turn them into time; then per message costs timed in ``SELECT 1`` round trips, which
+carry over between machines better than microseconds); every benchmark's figures, or the
+tail of its output; where the raw JSON, logs and plots are. The plots (the round-trip chart,
+the S7 rates, and every plot a benchmark saved, copied in) are written into the run's
+directory, which git ignores.
 """
 
 from __future__ import annotations
@@ -106,6 +108,47 @@ def expectations(reports: dict[str, dict[str, Any]]) -> list[Row]:
             if trips is not None:
                 rows.append(("outbox_publish", f"{backend}: {what}", trips, "same rounds"))
     return rows
+
+
+def counted_round_trips(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """``round_trips.py``'s counts (its ``ROUND_TRIPS`` report) as the "what to expect"
+    table: per path, the plain transaction, the inbox, and the difference; then each path's
+    duplicate delivery. Empty without that report."""
+    report = reports.get("ROUND_TRIPS")
+    scenario = next(iter(report.get("scenarios", [])), None) if report else None
+    if scenario is None:
+        return []
+    data = scenario.get("data", {})
+    lines = [
+        "Round trips per message, counted on the wire (`round_trips.py`: a counting TCP proxy, "
+        "`inbox.testing.round_trips.RoundTripCounter`, in front of the real servers, after a "
+        "warm-up). These are exact counts: they do not depend on this machine or its load.",
+        "",
+        "| path | handler | plain transaction | inbox | inbox - plain |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in data.get("comparisons", []):
+        difference = row["inbox"] - row["plain"]
+        lines.append(
+            f"| {row['path']} | {row['what']} | {row['plain']:.2f} | {row['inbox']:.2f} "
+            f"| {difference:+.2f} |"
+        )
+    for path, measured in data.get("round_trips", {}).items():
+        if "duplicate" in measured:
+            lines.append(
+                f"| {path} | a duplicate delivery (handler skipped) | | "
+                f"{measured['duplicate']:.2f} | |"
+            )
+    lines += [
+        "",
+        "**The rule: per-message time ~ round trips x your network round trip + the "
+        "server's work** (above all a COMMIT's WAL flush: `synchronous_commit on` waits for "
+        "the disk). Measure your round trip (a `SELECT 1` from the consumer's host) and your "
+        "disk's fsync, and multiply. SQLite is not counted: it has no network, each "
+        "statement is a call inside the process.",
+        "",
+    ]
+    return lines
 
 
 def machine_lines(machine: dict[str, Any]) -> list[str]:
@@ -234,13 +277,14 @@ def render(run_dir: Path) -> str:
         "",
         "### What to expect on your hardware",
         "",
-        "A message's cost in round trips of one `SELECT 1` through a SQLAlchemy session on the "
-        "same connection carries over between machines better than microseconds: the inbox's "
-        "work is mostly round trips and commits. Measure one `SELECT 1` on yours (loopback is "
-        "~0.1 to 0.3 ms, a network hop ~0.5 to 1 ms) and multiply. Commit cost (the WAL flush, "
-        "here "
-        "`synchronous_commit on` on a shared disk) is inside these figures and varies more "
-        "between machines than round trips do.",
+        *counted_round_trips(reports),
+        "Timed, in `SELECT 1` round trips: a message's cost in round trips of one `SELECT 1` "
+        "through a SQLAlchemy session on the same connection carries over between machines "
+        "better than microseconds: the inbox's work is mostly round trips and commits. "
+        "Measure one `SELECT 1` on yours (loopback is ~0.1 to 0.3 ms, a network hop ~0.5 to "
+        "1 ms) and multiply. Commit cost (the WAL flush, here `synchronous_commit on` on a "
+        "shared disk) is inside these figures and varies more between machines than round "
+        "trips do.",
         "",
         "| benchmark | per message | SELECT 1 round trips | how |",
         "|---|---|---:|---|",

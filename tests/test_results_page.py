@@ -112,6 +112,41 @@ def test_the_section_is_appended_once_then_replaced(tmp_path: Path) -> None:
     assert "| CPU | a CPU, 2 cores |" in section
 
 
+def test_the_counted_round_trips_lead_what_to_expect(tmp_path: Path) -> None:
+    run_dir = tmp_path / "all-x"
+    run_dir.mkdir()
+    write_run(run_dir)
+    comparison = {"path": "MariaDB PyMySQL", "what": "1-statement handler", "plain": 3.0}
+    counted = {
+        "scenarios": [
+            {
+                "scenario": "ROUND_TRIPS",
+                "plots": [],
+                "figures": [figure("MariaDB PyMySQL / inbox-1", 5.0)],
+                "data": {
+                    "round_trips": {"MariaDB PyMySQL": {"inbox-1": 5.0, "duplicate": 3.0}},
+                    "comparisons": [comparison | {"inbox": 5.0}],
+                },
+            }
+        ]
+    }
+    (run_dir / "ROUND_TRIPS.json").write_text(json.dumps(counted))
+    (run_dir / "ROUND_TRIPS.log").write_text("ok\n")
+    index = json.loads((run_dir / "index.json").read_text())
+    index["benchmarks"].append(
+        {"name": "ROUND_TRIPS", "script": "round_trips.py", "command": "python round_trips.py",
+         "status": "ok", "seconds": 9.0, "report": "ROUND_TRIPS.json", "log": "ROUND_TRIPS.log"}
+    )  # fmt: skip
+    (run_dir / "index.json").write_text(json.dumps(index))
+    section = results_page.render(run_dir)
+    expect = section[section.index("### What to expect") : section.index("### Every benchmark")]
+    assert "| MariaDB PyMySQL | 1-statement handler | 3.00 | 5.00 | +2.00 |" in expect
+    assert "| MariaDB PyMySQL | a duplicate delivery (handler skipped) | | 3.00 | |" in expect
+    assert "round trips x your network round trip" in expect
+    assert expect.index("counted on the wire") < expect.index("Timed, in `SELECT 1`")
+    assert "| S1 | postgresql inbox-1 | 6.00 | medians |" in expect  # the timed table stays
+
+
 def test_every_script_in_benchmarks_is_run_or_a_known_helper() -> None:
     assert run_all.unlisted() == []
     for benchmark in run_all.BENCHMARKS:

@@ -291,7 +291,8 @@ def render(run_dir: Path) -> str:
         *[f"| {b} | {what} | {value:.2f} | {how} |" for b, what, value, how in rows],
         "",
         "Reading it: a per-message path costs a fixed number of round trips per message "
-        "(BEGIN, the claim, the handler's statements, the claim check, COMMIT); a batch of N "
+        "(BEGIN, the claim, the handler's statements, the claim check, COMMIT; psycopg 3 "
+        "sends the claim in BEGIN's round trip and the check in COMMIT's); a batch of N "
         "pays them once per batch, so its figure falls towards the handler's share as N "
         "grows; a batch handler sends the batch's rows in one statement, which leaves well "
         "under one round trip per message.",

@@ -76,6 +76,7 @@ from s7_database import (
     run_broker_only,
     run_process_batch,
     statements_per_batch,
+    wire_round_trips,
 )
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
@@ -239,12 +240,15 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             worker(BATCH_HANDLER, min(1000, options.batch_messages))()
         bench.run(PG_INSERT, ["-T", "1"])
         sent: dict[str, list[str]] = {}
+        wire: dict[str, dict[int, int]] = {}
         for variant in (PB_EXECUTEMANY, PB_UNNEST):
             run_process_batch(engine, variant, 1000, options.batch_size, next(refs))
             sent[variant] = statements_per_batch(engine, variant, options.batch_size, next(refs))
             print(f"  one batch of {options.batch_size}, {variant}:")
             for line in sent[variant]:
                 print(f"    {line}")
+            wire[variant] = wire_round_trips(engine, variant, (2, options.batch_size))
+            print(f"    round trips on the wire per batch, by batch size: {wire[variant]}")
         for round_number in range(options.rounds):
             for name in alternate(round_number, variants):
                 sample = steps[name]()
@@ -258,7 +262,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             print(profiled)
         with engine.connect() as connection:
             written = connection.execute(select(func.count()).select_from(orders)).scalar_one()
-    return report(options, samples, version, written, out_dir, sent=sent)
+    return report(options, samples, version, written, out_dir, sent=sent, wire=wire)
 
 
 def report(
@@ -269,6 +273,7 @@ def report(
     out_dir: Path,
     *,
     sent: dict[str, list[str]],
+    wire: dict[str, dict[int, int]],
 ) -> ScenarioReport:
     """Figures and the plot."""
     ran = [name for name in VARIANTS if samples[name]]
@@ -332,6 +337,7 @@ def report(
             "handler": "one INSERT INTO bench_order per message",
             "rows_written": written,
             "one_batch_sends": sent,
+            "round_trips_on_the_wire_per_batch": wire,
             "variants": ran,
         },
         figures,

@@ -10,7 +10,9 @@ pgbench in the same rounds:
 
 :func:`statements_per_batch` records, with a ``before_cursor_execute`` listener, what one
 batch sends to the driver: each cursor call, whether it is an executemany and how many
-parameter sets it carries. :func:`profile` runs cProfile over one run.
+parameter sets it carries; :func:`wire_round_trips` counts one batch's round trips on the
+wire (``inbox.testing.round_trips.RoundTripCounter``) at two batch sizes. :func:`profile`
+runs cProfile over one run.
 
 The broker side: :class:`Span` times a worker's inbox calls, :func:`fill` fills a queue,
 :func:`run_broker_only` is the kombu consumer that only acks (the broker edge's ceiling).
@@ -29,12 +31,23 @@ from typing import Any
 
 from kombu import Connection, Consumer, Producer, Queue
 from s1_overhead import INSERT_ORDER, orders
-from sqlalchemy import BigInteger, Engine, Integer, bindparam, event, func, insert, select
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, ProcessResult
 from inbox.message import uuid7
+from inbox.testing.round_trips import RoundTripCounter
 
 PB_EXECUTEMANY = "process_batch, batch handler (no broker)"
 PB_UNNEST = "process_batch, unnest handler (no broker)"
@@ -113,6 +126,26 @@ def statements_per_batch(engine: Engine, variant: str, size: int, first_ref: int
     finally:
         event.remove(engine, "before_cursor_execute", record)
     return sent
+
+
+def wire_round_trips(engine: Engine, variant: str, sizes: tuple[int, ...]) -> dict[int, int]:
+    """Round trips on the wire of one ``process_batch`` per batch size (after a warm-up batch
+    of that size), through a counting proxy in front of ``engine``'s server."""
+    url = engine.url
+    counts: dict[int, int] = {}
+    with RoundTripCounter(url.host or "127.0.0.1", url.port or 5432) as counter:
+        counted = create_engine(counter.url(url), pool_size=1, max_overflow=0)
+        try:
+            inbox = batch_inbox(counted, variant)
+            for number, size in enumerate(sizes):
+                warm, measured = batches(2 * size, size, 10**14 + number * 10**6)
+                inbox.process_batch(warm)
+                counter.reset()
+                inbox.process_batch(measured)
+                counts[size] = counter.count
+        finally:
+            counted.dispose()
+    return counts
 
 
 def profile(run: Callable[[], object], top: int = 30) -> str:

@@ -102,12 +102,13 @@ class Claims:
         )
         self._held = select(func.count()).where(*this_claim)
         # Fails in the database (division by zero) unless the claim row is there, so that a
-        # COMMIT sent behind it in the same round trip is skipped: see inbox/_shared_round_trips.py.
+        # COMMIT sent behind it in the same round trip is skipped: inbox/_shared_round_trips.py.
         self._held_or_fail = (
             select(literal_column("1", Integer) // func.count())
             .where(*this_claim)
             .execution_options(**COMMIT_WITH)
         )
+        self._held_or_fail_sql: dict[tuple[type[Dialect], str], str] = {}
         self._claimed_at = select(table.c.processed_at).where(*this_claim)
 
     def claim(self, connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
@@ -144,7 +145,16 @@ class Claims:
         trip (only where ``shares_round_trips``, inbox/_shared_round_trips.py); a missing
         claim raises the database's division by zero (SQLSTATE 22012), nothing committed."""
         params = {"message_id": key, "handler": handler}
-        connection.execute(self._held_or_fail, params)
+        if connection.get_execution_options().get("schema_translate_map"):
+            connection.execute(self._held_or_fail, params)  # compiled for the map
+            return
+        # Rendered once, like the claim: no per-call cache key or compiled-cache lookup.
+        dialect = connection.dialect
+        check = self._held_or_fail_sql.get(_cache_key(dialect))
+        if check is None:
+            check = str(self._held_or_fail.compile(dialect=dialect))
+            self._held_or_fail_sql[_cache_key(dialect)] = check
+        connection.exec_driver_sql(check, params, execution_options=COMMIT_WITH)
 
     def claimed_at(self, connection: Connection, key: bytes, handler: str) -> dt.datetime | None:
         """The ``processed_at`` of the committed claim row ``(key, handler)``, if any: which

@@ -30,7 +30,6 @@ from inbox._claim import Claims
 from inbox._commit_guard import Guards, guard, unguard
 from inbox._effect_run import CURRENT_RUN, HandlerRun
 from inbox._handlers import RegisteredHandler
-from inbox._pipeline import DIVISION_BY_ZERO, pipelines, transaction_status
 from inbox._retry import is_transient
 from inbox._session_checks import (
     autocommits,
@@ -38,6 +37,7 @@ from inbox._session_checks import (
     ensure_committable,
     refuse_busy_session,
 )
+from inbox._shared_round_trips import DIVISION_BY_ZERO, shares_round_trips, transaction_status
 from inbox.errors import (
     ClaimCommittedEarly,
     HandlerInterrupted,
@@ -154,7 +154,7 @@ class HandlerTransaction:
         """
         names = ", ".join(dict.fromkeys(h.name for h, _ in self._ran))
         ensure_committable(self._session, self._transaction, self._connection, names)
-        if self._won is not None and self._commit_pipelined(names):
+        if self._won is not None and self._commit_with_check(names):
             return
         if self._won is not None and not self._claims.held(self._connection, *self._won):
             raise _claim_gone(names)
@@ -170,8 +170,8 @@ class HandlerTransaction:
         self._session_type.commit(self._session)
         self._committed = True
 
-    def _commit_pipelined(self, names: str) -> bool:
-        """Where psycopg pipelines (inbox/_pipeline.py), check the claim and COMMIT in one
+    def _commit_with_check(self, names: str) -> bool:
+        """With psycopg 3 (inbox/_shared_round_trips.py), check the claim and COMMIT in one
         round trip and return True; False leaves the commit to the usual path.
 
         Not taken when the session's commit is not the driver's COMMIT (a savepoint: a session
@@ -183,7 +183,7 @@ class HandlerTransaction:
         if (
             session.dispatch.before_commit
             or connection.in_nested_transaction()  # a savepoint: SQLAlchemy releases it
-            or not pipelines(connection)
+            or not shares_round_trips(connection)
             or transaction_status(connection) != _LIBPQ_IN_TRANSACTION
         ):
             return False

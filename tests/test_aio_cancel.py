@@ -67,7 +67,7 @@ def is_point(point: str, statement: str) -> bool:
         return sql.startswith("insert into inbox_message")
     if point in ("handler-first-statement", "handler-second-statement"):
         return sql.startswith("insert into effects")
-    # psycopg sends the check as "SELECT 1 / count(*)" together with the COMMIT (pipelined).
+    # psycopg sends the check as "SELECT 1 / count(*)" together with the COMMIT.
     checks = sql.startswith(("select count(*)", "select 1 / count(*)"))
     return point == "claim-check" and checks and "inbox_message" in sql
 
@@ -126,7 +126,7 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
             assert checked_out(engine) == 0
             assert sessions.left_open() == []
             effects, held = adb.db.effect_counts(), claims(adb)
-            # A pipelined claim check carries the COMMIT in its round trip (inbox/_pipeline.py).
+            # psycopg's claim check carries the COMMIT (inbox/_shared_round_trips.py).
             commit_sent = point == "commit" or "1 / count(*)" in cancelled_at[0].lower()
             if commit_sent:
                 # The COMMIT may have reached the server before the cancellation: then the

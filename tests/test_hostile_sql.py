@@ -100,6 +100,14 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
     found: dict[str, list[str]] = {}
     for path in sorted(library.rglob("*.py")):
         calls, bad = raw_sql_findings(path.read_text(encoding="utf-8"))
+        if path.name == "_shared_round_trips.py":
+            # BEGIN or COMMIT joined to a statement SQLAlchemy rendered and psycopg bound on
+            # the client (ClientCursor.mogrify): one query string, so that they share a round
+            # trip. Exactly one such call, in one function; tests/test_shared_round_trips.py
+            # sends it hostile values.
+            assert len(bad) == 1, bad
+            assert "execute() of a formatted string" in bad[0], bad
+            bad = []
         assert bad == [], f"{path.relative_to(library)}: {bad}"
         if calls:
             found[path.relative_to(library).as_posix()] = calls
@@ -114,6 +122,7 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
         "_claim.py": [
             "exec_driver_sql(sql)",
             "literal_column('1')",  # the claim check's 1 / count(*): a constant
+            "exec_driver_sql(check)",
         ],
         "_transaction.py": [
             "exec_driver_sql('UNLOCK TABLES')",

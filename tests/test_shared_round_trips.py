@@ -1,5 +1,5 @@
 """PostgreSQL through psycopg: the claim rides the BEGIN's round trip and the claim check the
-COMMIT's (inbox/_pipeline.py), counted on the wire by a proxy, with the semantics unchanged:
+COMMIT's (inbox/_shared_round_trips.py), counted on the wire by a proxy, semantics unchanged:
 the connection's transaction settings, a lost claim committing nothing, and psycopg managing
 the transaction as usual afterwards (the canary for the private flag the module sets)."""
 
@@ -67,19 +67,19 @@ def test_the_inbox_costs_the_round_trips_of_the_handlers_own_transaction(
         with sessions() as session, session.begin():
             handler(Message.new("order.created", {}), session)
 
-    pipelined = inbox_on(engine, statements)
-    serial = inbox_on(engine.execution_options(inbox_pipeline=False), statements)
+    shared = inbox_on(engine, statements)
+    serial = inbox_on(engine.execution_options(inbox_share_round_trips=False), statements)
     repeated = Message.new("order.created", {})
-    pipelined.process(repeated)
+    shared.process(repeated)
 
     def duplicate() -> None:
-        assert pipelined.process(repeated).outcome is Outcome.DUPLICATE
+        assert shared.process(repeated).outcome is Outcome.DUPLICATE
 
     try:
         baseline = per_message(counter, plain)
         assert baseline == statements + 2  # BEGIN, the statements, COMMIT
         assert (
-            per_message(counter, lambda: pipelined.process(Message.new("order.created", {})))
+            per_message(counter, lambda: shared.process(Message.new("order.created", {})))
             == baseline
         )
         # Off: the claim and its check each cost a round trip of their own.
@@ -92,7 +92,7 @@ def test_the_inbox_costs_the_round_trips_of_the_handlers_own_transaction(
         engine.dispose()
 
 
-def test_the_async_inbox_on_psycopg_pipelines_too(
+def test_the_async_inbox_on_psycopg_shares_them_too(
     pg_db: Database, counter: RoundTripCounter
 ) -> None:
     url = make_url(counter.url(pg_db.url)).set(drivername="postgresql+psycopg")
@@ -154,7 +154,7 @@ def test_the_connections_isolation_level_still_begins_the_transaction(
     assert seen == [level.lower()] * 3
 
 
-def test_psycopg_manages_the_transaction_as_usual_after_the_pipelined_begin(
+def test_psycopg_manages_the_transaction_as_usual_after_the_shared_begin(
     pg_db: Database,
 ) -> None:
     """The canary: after BEGIN and the claim went out in autocommit mode, the private flag
@@ -178,8 +178,7 @@ def test_psycopg_manages_the_transaction_as_usual_after_the_pipelined_begin(
         make_url(pg_db.url).set(drivername="postgresql").render_as_string(hide_password=False)
     ) as connection:
         connection.autocommit = True
-        with connection.pipeline():
-            connection.execute("BEGIN")
+        connection.execute("BEGIN; SELECT 1")
         connection._autocommit = False
         assert connection.autocommit is False
         connection.rollback()
@@ -188,7 +187,7 @@ def test_psycopg_manages_the_transaction_as_usual_after_the_pipelined_begin(
         connection.rollback()
 
 
-def test_a_handler_that_ends_the_transaction_commits_nothing_through_the_pipelined_check(
+def test_a_handler_that_ends_the_transaction_commits_nothing_through_the_shared_check(
     pg_db: Database,
 ) -> None:
     engine = create_engine(pg_db.url)
@@ -211,7 +210,7 @@ def test_a_handler_that_ends_the_transaction_commits_nothing_through_the_pipelin
     finally:
         engine.dispose()
     assert isinstance(failed.value.failures["rogue"], TransactionControlError)
-    assert checks, "the pipelined check never ran"
+    assert checks, "the check sent with the COMMIT never ran"
     assert pg_db.count(effects) == 0
 
 

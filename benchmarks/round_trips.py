@@ -19,13 +19,13 @@ Paths, each beside the plain transaction it is compared with:
 
 * PostgreSQL, psycopg 3 (blocking): a plain session transaction with a 1- and a 3-statement
   handler vs ``Inbox.process``; the same with sharing off
-  (``engine.execution_options(inbox_pipeline=False)``); a duplicate delivery;
+  (``engine.execution_options(inbox_share_round_trips=False)``); a duplicate delivery;
   ``process_batch`` of ``--batch-size`` messages with a per-message handler (vs a plain
   transaction inserting as many rows one by one) and with ``@inbox.batch_handler`` (vs a
   plain transaction with one executemany); one ``inbox.effect``; one ``Outbox.publish``.
 * PostgreSQL async: ``AsyncInbox.process`` vs a plain ``AsyncSession`` transaction, through
-  psycopg (async) and asyncpg (no pipeline mode).
-* PostgreSQL, psycopg2 (no pipeline mode).
+  psycopg (async) and asyncpg (no shared round trips).
+* PostgreSQL, psycopg2 (no shared round trips).
 * MariaDB, PyMySQL: plain vs ``Inbox.process`` (1 and 3 statements), duplicate.
 
 SQLite is left out: it has no network, a "round trip" is a call inside the process.
@@ -57,13 +57,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outbox, Outcome
+from inbox._shared_round_trips import OPTION as SHARING_OPTION
 from inbox.aio import AsyncInbox
 from inbox.testing.round_trips import RoundTripCounter
-
-try:  # the engine option that turns the shared round trips off (renamed once)
-    from inbox._shared_round_trips import OPTION as SHARING_OPTION
-except ImportError:  # pragma: no cover - before the rename
-    from inbox._pipeline import OPTION as SHARING_OPTION  # type: ignore[no-redef,import-not-found]
 
 SCENARIO = "ROUND_TRIPS"
 TITLE = "round trips per message, counted on the wire, every path"

@@ -25,14 +25,13 @@ round by round (odd rounds in reverse order), the median and (min..max) over the
   round, which every per-message figure is also given in.
 
 Then, outside the timed rounds: the statements each variant sends per message and its
-SQLAlchemy compiled-cache misses (an ``after_cursor_execute`` listener on 60 messages),
-the compiled-cache entries and the server-side prepared statements (psycopg prepares a
-statement text after 5 executions, and keeps at most ``prepared_max``, 100, per
-connection) after the largest N; the claim alone on one connection
-three ways, alternated (the shipped ``exec_driver_sql`` text, the same statement through
-``Connection.execute`` without a map, and through it under a ``schema_translate_map``, the
-path ``_postgresql_claimer`` falls back to); and the routing function alone against a plain
-``sessionmaker()`` call (ns per call, no database).
+SQLAlchemy compiled-cache misses (an ``after_cursor_execute`` listener on 60 messages), the
+compiled-cache entries and the server-side prepared statements (psycopg prepares a
+statement text after 5 executions; each tenant's text differs) after the largest N; the
+claim alone on one connection three ways, alternated (the shipped ``exec_driver_sql`` text,
+the same statement through ``Connection.execute`` without a map, and through it under a
+``schema_translate_map``, the path ``_postgresql_claimer`` falls back to); and the routing
+function alone against a plain ``sessionmaker()`` call (ns per call, no database).
 """
 
 from __future__ import annotations

@@ -360,6 +360,41 @@ def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[fl
     return samples
 
 
+def wire_round_trips(schemas: Schemas, counts: Sequence[int], count: int = 50) -> dict[str, float]:
+    """Round trips per message on the wire, per variant: each variant rebuilt on an engine
+    that goes through ``inbox.testing.round_trips.RoundTripCounter`` (a counting TCP proxy);
+    empty when this inbox has no counter."""
+    try:
+        from inbox.testing.round_trips import RoundTripCounter
+    except ImportError:
+        print("  (inbox.testing.round_trips not available: no round trips counted)")
+        return {}
+    url = schemas.engine.url
+    counted: dict[str, float] = {}
+    with RoundTripCounter(url.host or "127.0.0.1", url.port or 5432) as counter:
+        proxied = Schemas.__new__(Schemas)
+        proxied.base, proxied.tenants = schemas.base, schemas.tenants
+        proxied.engine = create_engine(counter.url(url.render_as_string(hide_password=False)))
+        try:
+            inboxes, tenants = build_inboxes(proxied, counts)
+            sessions = sessionmaker(proxied.engine)
+            batches = Batches()
+            runs: list[tuple[str, Callable[[list[Message]], None]]] = [
+                ("plain-3", functools.partial(plain, sessions)),
+                *((name, functools.partial(through, inbox)) for name, inbox in inboxes.items()),
+            ]
+            for name, run in runs:
+                # Warm: 10 messages per tenant, past psycopg's prepare threshold (5).
+                run(batches.make(10 * max(1, len(tenants.get(name, []))), tenants.get(name, [])))
+                batch = batches.make(count, tenants.get(name, []))
+                counter.reset()
+                run(batch)
+                counted[name] = counter.count / count
+        finally:
+            proxied.engine.dispose()
+    return counted
+
+
 def routing_calls(schemas: Schemas, calls: int, rounds: int) -> dict[str, list[float]]:
     """ns per call: ``sessionmaker()`` vs ``sessions_for(message)`` over up to 10 tenants (each
     session closed; nothing connects)."""
@@ -445,6 +480,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         caches = prepared_statements(schemas)
         claims = claim_paths(schemas, options.claims, options.rounds)
         calls = routing_calls(schemas, options.calls, options.rounds)
+        wire = wire_round_trips(schemas, counts)
     finally:
         schemas.drop()
     for name in variants(counts):
@@ -461,6 +497,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             f" (cache entries added {values['compiled_cache_entries_added']})"
         )
     print(f"  caches after the run: {caches}")
+    print(f"  round trips per message on the wire: {wire}")
     for name in claims:
         value, (low, high) = median_spread(claims[name])
         print(f"  claim alone, {name:<42} {value:7.1f} us  ({low:.1f}..{high:.1f})")
@@ -518,6 +555,8 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
     figures.append(
         Figure("routing function - sessionmaker(), per call", value, "ns", spread=spread)
     )
+    for name, trips in wire.items():
+        figures.append(Figure(f"{name}: round trips counted per message", trips))
     for name in ("inbox-3", "inbox-3-map", f"tenants-{largest}"):
         figures.append(Figure(f"{name}: statements per message", counted[name]["statements"]))
     figures.append(
@@ -561,6 +600,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             "caches": caches,
             "claim_alone_us": claims,
             "routing_ns_per_call": calls,
+            "round_trips_on_the_wire_per_message": wire,
         },
         plots,
     )

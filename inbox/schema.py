@@ -13,6 +13,7 @@ from typing import Any, Final
 from sqlalchemy import (
     DDL,
     Column,
+    Connection,
     DateTime,
     Dialect,
     Index,
@@ -25,6 +26,8 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.dialects import mysql
+from sqlalchemy.schema import SchemaItem
+from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
@@ -214,18 +217,64 @@ def outbox_table(
     return table
 
 
-# Constant statements: the table's quoted name (schema_translate_map applied) is filled in by
-# SQLAlchemy. Trigger names are per table in PostgreSQL, so one name serves every outbox.
+# Constant statements: the table's quoted name and schema (schema_translate_map applied) are
+# filled in by SQLAlchemy. Trigger names are per table in PostgreSQL, so one name serves every
+# outbox. The function lives in the table's schema when it has one (a tenant's schema under a
+# schema_translate_map included): created in whatever schema comes first on the search path,
+# it would tie every tenant's trigger to that schema, and dropping it would drop them all.
+def _in_named_schema(
+    ddl: BaseDDLElement,
+    target: SchemaItem | str,
+    bind: Connection | None,
+    tables: list[Table] | None = None,
+    state: Any | None = None,
+    *,
+    dialect: Dialect,
+    **kw: Any,
+) -> bool:
+    if dialect.name != "postgresql" or not isinstance(target, Table):
+        return False
+    translate = (bind.get_execution_options() if bind is not None else {}).get(
+        "schema_translate_map"
+    ) or {}
+    return translate.get(target.schema, target.schema) is not None
+
+
+def _on_search_path(
+    ddl: BaseDDLElement,
+    target: SchemaItem | str,
+    bind: Connection | None,
+    tables: list[Table] | None = None,
+    state: Any | None = None,
+    *,
+    dialect: Dialect,
+    **kw: Any,
+) -> bool:
+    named = _in_named_schema(ddl, target, bind, tables, state, dialect=dialect)
+    return dialect.name == "postgresql" and not named
+
+
 _NOTIFY_DDL: Final = (
     DDL(  # type: ignore[no-untyped-call]
-        "CREATE OR REPLACE FUNCTION inbox_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS "
+        "CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_notify() "
+        "RETURNS trigger LANGUAGE plpgsql AS "
         "$$ BEGIN PERFORM pg_notify('inbox_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); "
         "RETURN NULL; END $$"
-    ).execute_if(dialect="postgresql"),
+    ).execute_if(callable_=_in_named_schema),
+    DDL(  # type: ignore[no-untyped-call]
+        "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON %(fullname)s "
+        "FOR EACH STATEMENT EXECUTE FUNCTION %(schema)s.inbox_outbox_notify()"
+    ).execute_if(callable_=_in_named_schema),
+    DDL(  # type: ignore[no-untyped-call]
+        "CREATE OR REPLACE FUNCTION inbox_outbox_notify() "
+        "RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_notify('inbox_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); "
+        "RETURN NULL; END $$"
+    ).execute_if(callable_=_on_search_path),
     DDL(  # type: ignore[no-untyped-call]
         "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON %(fullname)s "
         "FOR EACH STATEMENT EXECUTE FUNCTION inbox_outbox_notify()"
-    ).execute_if(dialect="postgresql"),
+    ).execute_if(callable_=_on_search_path),
 )
 
 

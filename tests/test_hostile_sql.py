@@ -143,6 +143,8 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
             'text("SELECT DISTINCT n.nspname FROM pg_catalog.pg_class',
         ],
         "schema.py": [
+            'DDL("CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_',
+            "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
             'DDL("CREATE OR REPLACE FUNCTION inbox_outbox_notify() RE',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
         ],

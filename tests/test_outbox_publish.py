@@ -424,3 +424,45 @@ def test_one_outbox_shared_by_threads_writes_every_row_once(server_db: Database)
     rows = [row_from_mapping(r) for r in stored(server_db.engine)]
     assert sorted(r.id for r in rows) == sorted(published)
     assert len(set(published)) == threads * each
+
+
+def test_each_tenant_schema_gets_its_own_notify_function(pg_db: Database) -> None:
+    """create_all under a schema_translate_map puts the trigger's function in the tenant's
+    schema: dropping one tenant's schema leaves the others' triggers in place."""
+    import psycopg
+
+    base = pg_db.url.rsplit("search_path%3D", 1)[-1]
+    tenants = [f"{base}_a", f"{base}_b"]
+    try:
+        for tenant in tenants:
+            with pg_db.engine.begin() as connection:
+                connection.execute(text(f"CREATE SCHEMA {tenant}"))
+            translated = pg_db.engine.execution_options(schema_translate_map={None: tenant})
+            outbox_table(MetaData()).create(translated)
+        with pg_db.engine.connect() as connection:
+            owners = connection.execute(
+                text(
+                    "SELECT c.relnamespace::regnamespace::text, p.pronamespace::regnamespace::text"
+                    " FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+                    " JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgname = 'inbox_outbox_notify'"
+                    " AND c.relnamespace::regnamespace::text = ANY(:tenants)"
+                ),
+                {"tenants": tenants},
+            ).all()
+        assert sorted(owners) == [(t, t) for t in tenants]
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"DROP SCHEMA {tenants[0]} CASCADE"))
+        listener_url = pg_db.engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        survivor = pg_db.engine.execution_options(schema_translate_map={None: tenants[1]})
+        with psycopg.connect(listener_url, autocommit=True) as listener:
+            listener.execute("LISTEN inbox_outbox")
+            with Session(survivor) as session, session.begin():
+                Outbox().publish(session, "t", {}, routing_key="q")
+            [notice] = list(listener.notifies(timeout=10, stop_after=1))
+        assert notice.payload == f"{tenants[1]}.outbox_message"
+    finally:
+        with pg_db.engine.begin() as connection:
+            for tenant in tenants:
+                connection.execute(text(f"DROP SCHEMA IF EXISTS {tenant} CASCADE"))

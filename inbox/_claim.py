@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, Final
 
 from sqlalchemy import (
@@ -108,7 +108,7 @@ class Claims:
             .where(*this_claim)
             .execution_options(**COMMIT_WITH)
         )
-        self._held_or_fail_sql: dict[tuple[type[Dialect], str], str] = {}
+        self._held_or_fail_sql: dict[tuple[Hashable, Hashable], str] = {}
         self._claimed_at = select(table.c.processed_at).where(*this_claim)
 
     def claim(self, connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
@@ -145,15 +145,14 @@ class Claims:
         trip (only where ``shares_round_trips``, inbox/_shared_round_trips.py); a missing
         claim raises the database's division by zero (SQLSTATE 22012), nothing committed."""
         params = {"message_id": key, "handler": handler}
-        if connection.get_execution_options().get("schema_translate_map"):
-            connection.execute(self._held_or_fail, params)  # compiled for the map
-            return
-        # Rendered once, like the claim: no per-call cache key or compiled-cache lookup.
+        # Rendered once per schema translation, like the claim: no per-call cache lookup.
         dialect = connection.dialect
-        check = self._held_or_fail_sql.get(_cache_key(dialect))
+        translate = connection.get_execution_options().get("schema_translate_map")
+        cache_key = (_cache_key(dialect), _translation_key(translate))
+        check = self._held_or_fail_sql.get(cache_key)
         if check is None:
-            check = str(self._held_or_fail.compile(dialect=dialect))
-            self._held_or_fail_sql[_cache_key(dialect)] = check
+            check = str(self._held_or_fail.compile(dialect=dialect, **_translating(translate)))
+            self._held_or_fail_sql[cache_key] = check
         connection.exec_driver_sql(check, params, execution_options=COMMIT_WITH)
 
     def claimed_at(self, connection: Connection, key: bytes, handler: str) -> dt.datetime | None:
@@ -192,31 +191,42 @@ def claimer_for(table: Table, dialect: Dialect) -> Claimer:
 
 
 def _postgresql_claimer(statement: Insert, dialect: Dialect) -> Claimer:
-    # The claim runs once per handler transaction, so its SQL is rendered once here and sent
-    # with exec_driver_sql: no per-call compile-cache lookup or bind processing (the values
-    # are already what psycopg takes: bytes, str, an aware UTC datetime), but the same
-    # connection events, error wrapping, pool invalidation and logging as any statement.
-    # psycopg prepares the unchanging text on the server after a few executions.
+    # The claim runs once per handler transaction, so its SQL is rendered once (per schema
+    # translation) and sent with exec_driver_sql: no per-call compile-cache lookup or bind
+    # processing (the values are already what psycopg takes: bytes, str, an aware UTC
+    # datetime), but the same connection events, error wrapping, pool invalidation and
+    # logging as any statement. psycopg prepares the unchanging text after a few executions.
     # With psycopg 3, BEGIN goes in the claim's round trip (inbox/_shared_round_trips.py).
-    sql = str(statement.compile(dialect=dialect))
-    fallback = _rowcount_claimer(statement)
-    with_begin_fallback = _rowcount_claimer(statement.execution_options(**BEGIN_WITH))
+    rendered: dict[Hashable, str] = {}
     options = {"preserve_rowcount": True}
     with_begin_options = {**options, **BEGIN_WITH}
 
     def claim(connection: Connection, key: bytes, handler: str, at: dt.datetime) -> bool:
-        with_begin = shares_round_trips(connection)
-        if connection.get_execution_options().get("schema_translate_map"):
-            # The rendered name may not apply: SQLAlchemy compiles it for the map.
-            chosen = with_begin_fallback if with_begin else fallback
-            return chosen(connection, key, handler, at)
+        translate = connection.get_execution_options().get("schema_translate_map")
+        sql = rendered.get(_translation_key(translate))
+        if sql is None:
+            sql = str(statement.compile(dialect=dialect, **_translating(translate)))
+            rendered[_translation_key(translate)] = sql
         params = {"message_id": key, "handler": handler, "processed_at": at}
+        with_begin = shares_round_trips(connection)
         result = connection.exec_driver_sql(
             sql, params, execution_options=with_begin_options if with_begin else options
         )
         return _won(result.rowcount)
 
     return claim
+
+
+def _translation_key(translate: Mapping[str | None, str | None] | None) -> Hashable:
+    return tuple(sorted(translate.items(), key=repr)) if translate else None
+
+
+def _translating(translate: Mapping[str | None, str | None] | None) -> dict[str, Any]:
+    # SQL rendered for one schema_translate_map: the tenant's schema written in, quoted by the
+    # dialect, as SQLAlchemy writes it in at execution.
+    if not translate:
+        return {}
+    return {"schema_translate_map": translate, "render_schema_translate": True}
 
 
 def _rowcount_claimer(statement: Executable) -> Claimer:

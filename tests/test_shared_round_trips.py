@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine, event, insert, text
+from sqlalchemy import Engine, create_engine, event, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +19,7 @@ from support.databases import Database, effects
 
 from inbox import HandlerFailed, Inbox, Message, Outcome, TransactionControlError
 from inbox.aio import AsyncInbox
+from inbox.schema import metadata as inbox_metadata
 from inbox.testing.round_trips import RoundTripCounter
 
 WARM_UP = 8  # psycopg prepares a statement on its 5th execution: one extra round trip once
@@ -231,3 +232,38 @@ def test_a_before_commit_listener_still_writes_in_the_claims_transaction(
     finally:
         engine.dispose()
     assert pg_db.count(effects) == 2
+
+
+def test_a_tenants_schema_translate_map_keeps_the_shared_round_trips(
+    pg_db: Database, counter: RoundTripCounter
+) -> None:
+    """Under a schema_translate_map the claim and the check are rendered for the tenant's
+    schema once, and still ride the BEGIN's and the COMMIT's round trips."""
+    tenant = f"{pg_db.url.rsplit('search_path%3D', 1)[-1]}_tenant"
+    with pg_db.engine.begin() as connection:
+        connection.execute(text(f"CREATE SCHEMA {tenant}"))
+    engine = create_engine(counter.url(pg_db.url)).execution_options(
+        schema_translate_map={None: tenant}
+    )
+    try:
+        inbox_metadata.create_all(engine)
+        effects.metadata.create_all(engine)
+        sessions = sessionmaker(engine)
+        handler = write(1)
+
+        def plain() -> None:
+            with sessions() as session, session.begin():
+                handler(Message.new("order.created", {}), session)
+
+        inbox = inbox_on(engine, 1)
+        assert per_message(counter, lambda: inbox.process(Message.new("order.created", {}))) == (
+            per_message(counter, plain)
+        )
+        with engine.connect() as connection:
+            claimed = connection.execute(select(func.count()).select_from(inbox.table)).scalar()
+        assert claimed == WARM_UP + MESSAGES
+        assert pg_db.count(inbox.table) == 0  # nothing in the default schema
+    finally:
+        engine.dispose()
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"DROP SCHEMA IF EXISTS {tenant} CASCADE"))

@@ -10,7 +10,9 @@ machine's noise hits them alike, and reporting the median and spread over the ro
   through ``inbox.process`` (claim + handler in one transaction);
 * plain-3 / inbox-3: a handler with three statements (read a balance, insert, update);
 * replay-1: the inbox-1 messages delivered again (all duplicates);
-* select-1: one ``SELECT 1`` through a session, the price of one round trip;
+* select-1: one ``SELECT 1`` through a session, the price of one round trip (with
+  ``--network-latency-ms``, every variant reaches the server through a proxy that adds that
+  much to each round trip: the same code across a network instead of loopback);
 * on PostgreSQL through psycopg, also inbox-1-serial / inbox-3-serial: the same inboxes on
   the engine with ``inbox_share_round_trips=False``, i.e. the claim and its check each in a
   round trip of their own instead of riding the BEGIN's and the COMMIT's
@@ -27,6 +29,7 @@ import functools
 import sys
 import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +59,11 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outcome
+from inbox.testing.round_trips import RoundTripCounter
 
 SCENARIO = "S1"
 TITLE = "per-message overhead of inbox.process vs a plain transaction"
@@ -119,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, default=20_000, help="messages per variant")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="pyinstrument over inbox-1")
+    parser.add_argument(
+        "--network-latency-ms",
+        type=float,
+        default=0.0,
+        help="reach the servers through inbox.testing.round_trips.RoundTripCounter adding this "
+        "many ms to every round trip: what the variants cost across a network, not loopback",
+    )
     parser.add_argument(
         "--synchronous-commit",
         choices=["on", "off"],
@@ -313,9 +325,19 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         where = urls(options, sqlite_dir)
         for index, database in enumerate(options.databases):
             print(f"S1 on {database}: {options.messages} messages x {options.rounds} rounds")
-            version, samples = measure(
-                where[database], options.messages, options.rounds, options.synchronous_commit
-            )
+            with ExitStack() as stack:
+                url = where[database]
+                if options.network_latency_ms and database != "sqlite":
+                    target = make_url(url)
+                    proxy = RoundTripCounter(
+                        target.host or "127.0.0.1",
+                        target.port or (5432 if database == "postgresql" else 3306),
+                        latency=options.network_latency_ms / 1000,
+                    )
+                    url = stack.enter_context(proxy).url(url)
+                version, samples = measure(
+                    url, options.messages, options.rounds, options.synchronous_commit
+                )
             for name in samples:
                 value, (low, high) = median_spread(samples[name])
                 print(f"  {name:<9} {value:9.1f} us/msg  ({low:.1f}..{high:.1f})")
@@ -333,6 +355,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             "rounds": options.rounds,
             "databases": options.databases,
             "synchronous_commit": options.synchronous_commit,
+            "network_latency_ms": options.network_latency_ms,
         },
         figures,
         data,

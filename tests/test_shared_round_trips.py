@@ -267,3 +267,8 @@ def test_a_tenants_schema_translate_map_keeps_the_shared_round_trips(
         engine.dispose()
         with pg_db.engine.begin() as connection:
             connection.execute(text(f"DROP SCHEMA IF EXISTS {tenant} CASCADE"))
+
+
+def test_the_counter_refuses_a_negative_latency() -> None:
+    with pytest.raises(ValueError, match="latency must be >= 0 seconds"):
+        RoundTripCounter("127.0.0.1", 5432, latency=-0.001)

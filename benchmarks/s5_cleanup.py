@@ -1,13 +1,20 @@
 """S5: retention beside live workers on PostgreSQL — the batched delete against dropping
 whole partitions.
 
-    .venv/bin/python benchmarks/s5_cleanup.py [--rows 10000000] [--days 30] [--batch-size 10000]
+    .venv/bin/python benchmarks/s5_cleanup.py [--rows 10000000] [--days 30]
+        [--batch-size N | --batch-ms 25] [--pause-ms 0] [--layouts batched,partitioned,bare]
 
 For each layout, in a fresh schema:
 
 * **batched**: the plain inbox table (``inbox.schema``);
 * **partitioned**: the same table partitioned by message id (``inbox.partitioning``: one
   partition per day of UUIDv7 ids, ``_before``, ``_future``, ``_keys``),
+
+and, with ``--layouts ...,bare``,
+
+* **bare**: the plain table again, purged by the database's own ``DELETE ... WHERE
+  processed_at < cutoff`` in one statement and one transaction — what the server does
+  without any batching: the ceiling for the batched delete, not a way to run beside workers,
 
 the table is filled on the server with ``--rows`` claims (``INSERT ... SELECT
 generate_series`` in chunks) whose ``processed_at`` is spread evenly over twice the retention
@@ -20,15 +27,18 @@ then ``VACUUM ANALYZE`` and a ``CHECKPOINT``.
 Then two worker threads call ``Inbox.process`` on new messages (``Message.new``: fresh
 UUIDv7 ids) with a handler that inserts one row into a business table, and each call's
 latency is recorded: first for ``--latency-seconds`` without any purge, then while
-``inbox.cleanup(engine, days=--days, batch_size=--batch-size)`` runs — the batched delete
-on the plain table; partition drops plus batched deletes of the rest on the partitioned one.
+``inbox.cleanup(engine, days=--days, batch_size=--batch-size, batch_seconds=--batch-ms,
+pause_seconds=--pause-ms)`` runs (by default each batch sized to take ``--batch-ms``;
+``--batch-size`` fixes the rows per batch) — the batched delete on the plain table;
+partition drops plus batched deletes of the rest on the partitioned one.
 The purge runs in a process of its own (as ``inbox-cleanup`` does from cron), so it does not
 compete with the workers for the GIL; it reports its progress through the
 ``inbox.retention`` log records.
 
 Figures per layout: the purge's rate (expired rows removed / purge seconds), its longest
 single transaction (``CleanupReport.longest_batch_seconds``: a delete batch, or a partition
-drop with its lock wait), and the workers' p99 latency during the purge over p99 without it.
+drop with its lock wait), the median and p99 batch, and the workers' p99 latency during the
+purge over p99 without it.
 Plots: rows removed over time for both layouts, and the latency percentiles.
 """
 
@@ -74,6 +84,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import CleanupReport, Inbox, Message, cleanup
 from inbox.partitioning import create_partitioned_table, list_partitions
+from inbox.retention import cutoff_for
 from inbox.schema import inbox_message
 
 SCENARIO = "S5"
@@ -88,7 +99,8 @@ WARMUP_SECONDS = 1.0
 PERCENTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 TARGET_RATE = 300_000
 TARGET_LONGEST_MS = 100
-TARGET_P99_RATIO = 2.0
+TARGET_P99_RATIO = 1.5
+LAYOUTS = ("batched", "partitioned", "bare")
 
 business = MetaData()
 bench_effects = Table(
@@ -137,17 +149,30 @@ class Progress(logging.Handler):
         super().__init__(logging.DEBUG)
         self.removed = 0
         self.points: list[tuple[float, int]] = []
+        self.batches: list[tuple[int, float]] = []  # (rows, seconds) of each delete batch
 
     def emit(self, record: logging.LogRecord) -> None:
         deleted = getattr(record, "inbox_deleted", None)
         if isinstance(deleted, int):
             self.removed += deleted
             self.points.append((time.monotonic(), self.removed))
+            if record.name == "inbox.retention" and isinstance(record.args, tuple):
+                self.batches.append((deleted, float(record.args[-1]) / 1000))
 
 
-def purge_process(url: str, days: int, batch_size: int, pipe: Connection) -> None:
+def purge_process(
+    url: str,
+    days: int,
+    pipe: Connection,
+    *,
+    batch_size: int | None,
+    batch_ms: float,
+    pause_ms: float,
+    bare: bool,
+) -> None:
     """The purge, in a process of its own as ``inbox-cleanup`` runs from cron: connect, say
-    ready, wait for the go, run ``cleanup`` and send back its report and progress."""
+    ready, wait for the go, run ``cleanup`` (or the bare ``DELETE``) and send back its
+    report and progress."""
     engine = create_engine(url, pool_size=1, max_overflow=0)
     with engine.connect():
         pass
@@ -158,10 +183,31 @@ def purge_process(url: str, days: int, batch_size: int, pipe: Connection) -> Non
     pipe.send("ready")
     pipe.recv()
     started = time.monotonic()
-    report = cleanup(engine, days=days, batch_size=batch_size)
+    if bare:
+        report = bare_delete(engine, days)
+    else:
+        report = cleanup(
+            engine,
+            days=days,
+            batch_size=batch_size,
+            batch_seconds=batch_ms / 1000,
+            pause_seconds=pause_ms / 1000,
+        )
     ended = time.monotonic()
     engine.dispose()
-    pipe.send((report, started, ended, progress.points))
+    pipe.send((report, started, ended, progress.points, progress.batches))
+
+
+def bare_delete(engine: Engine, days: int) -> CleanupReport:
+    """The database's own delete of every expired claim: one statement, one transaction."""
+    cutoff = cutoff_for(days)
+    began = time.perf_counter()
+    with engine.begin() as connection:
+        deleted = connection.execute(
+            text("DELETE FROM inbox_message WHERE processed_at < :cutoff"), {"cutoff": cutoff}
+        ).rowcount
+    seconds = time.perf_counter() - began
+    return CleanupReport(deleted, 1, seconds, cutoff, False, seconds)
 
 
 @dataclass
@@ -176,6 +222,7 @@ class Layout:
     partitions: int
     report: CleanupReport
     timeline: list[tuple[float, int]]
+    batch_times: list[tuple[int, float]]
     without: list[float]
     during: list[float]
     worker_errors: int
@@ -183,6 +230,10 @@ class Layout:
 
     def percentiles(self, samples: list[float]) -> dict[str, float]:
         return {f"p{q * 100:g}": percentile(samples, q) * 1000 for q in PERCENTILES}
+
+    def batch_percentiles(self) -> dict[str, float]:
+        seconds = [s for _, s in self.batch_times]
+        return {f"p{q * 100:g}": percentile(seconds, q) * 1000 for q in (0.5, 0.99, 1.0)}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -197,6 +248,11 @@ class Layout:
                 "seconds": self.report.seconds,
                 "rows_per_second": self.rate,
                 "longest_batch_ms": self.report.longest_batch_seconds * 1000,
+                "batch_ms": self.batch_percentiles(),
+                "batch_rows": {
+                    "median": percentile([n for n, _ in self.batch_times], 0.5),
+                    "max": max((n for n, _ in self.batch_times), default=0),
+                },
                 "partitions_dropped": list(self.report.partitions_dropped),
             },
             "latency_ms": {
@@ -207,6 +263,7 @@ class Layout:
             },
             "p99_ratio": self.p99_ratio,
             "timeline": self.timeline,
+            "batches": [(rows, round(seconds * 1000, 2)) for rows, seconds in self.batch_times],
             "worker_errors": self.worker_errors,
             "load_average": self.load_average,
         }
@@ -226,7 +283,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database-url", default=DEFAULT_DATABASE, help="PostgreSQL URL")
     parser.add_argument("--rows", type=int, default=10_000_000, help="claims in the table")
     parser.add_argument("--days", type=int, default=30, help="retention window in days")
-    parser.add_argument("--batch-size", type=int, default=10_000, help="rows per delete batch")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows per delete batch (default: sized by --batch-ms)",
+    )
+    parser.add_argument(
+        "--batch-ms",
+        type=float,
+        default=25.0,
+        help="without --batch-size: the time budget of each delete batch (default: 25)",
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="sleep between two delete batches (inbox-cleanup --pause-ms; default: 0)",
+    )
+    parser.add_argument(
+        "--layouts",
+        default="batched,partitioned",
+        help=f"which layouts to measure, comma-separated, of {','.join(LAYOUTS)}",
+    )
     parser.add_argument(
         "--latency-seconds",
         type=float,
@@ -318,7 +397,14 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
     context = multiprocessing.get_context("spawn")
     pipe, child_pipe = context.Pipe()
     purger = context.Process(
-        target=purge_process, args=(url, options.days, options.batch_size, child_pipe)
+        target=purge_process,
+        args=(url, options.days, child_pipe),
+        kwargs={
+            "batch_size": options.batch_size,
+            "batch_ms": options.batch_ms,
+            "pause_ms": options.pause_ms,
+            "bare": name == "bare",
+        },
     )
     purger.start()
     latencies = Latencies()
@@ -335,7 +421,7 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
         load["before_purge"] = os.getloadavg()
         print(f"  {name}: purging", flush=True)
         pipe.send("go")
-        report, purge_started, purge_ended, points = pipe.recv()
+        report, purge_started, purge_ended, points, batch_times = pipe.recv()
         load["after_purge"] = os.getloadavg()
         stop.set()
         for thread in threads:
@@ -353,6 +439,7 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
         partitions=len(list_partitions(engine)),
         report=report,
         timeline=[(0.0, 0)] + [(t - purge_started, n) for t, n in points],
+        batch_times=batch_times,
         without=latencies.between(baseline_start, baseline_end),
         during=latencies.between(purge_started, purge_ended),
         worker_errors=len(latencies.errors),
@@ -364,7 +451,10 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
         f"  {name}: removed {report.deleted:,} rows in {report.seconds:.2f} s "
         f"({layout.rate:,.0f} rows/s), {report.batches} batches, "
         f"{len(report.partitions_dropped)} partitions dropped, "
-        f"longest {report.longest_batch_seconds * 1000:.1f} ms; p99 "
+        f"longest {report.longest_batch_seconds * 1000:.1f} ms "
+        f"(batches: median {layout.batch_percentiles()['p50']:.1f} ms, "
+        f"p99 {layout.batch_percentiles()['p99']:.1f} ms, median "
+        f"{percentile([n for n, _ in batch_times], 0.5):,.0f} rows); p99 "
         f"{percentile(layout.without, 0.99) * 1000:.1f} ms without, "
         f"{percentile(layout.during, 0.99) * 1000:.1f} ms during "
         f"({len(layout.during)} calls)",
@@ -374,25 +464,40 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
 
 
 def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
-    """Measure both layouts; save the plots into ``out_dir``."""
+    """Measure the layouts asked for; save the plots into ``out_dir``."""
     print(f"{SCENARIO}: {TITLE}")
+    wanted = [name.strip() for name in options.layouts.split(",") if name.strip()]
+    unknown = set(wanted) - set(LAYOUTS)
+    if unknown or not wanted:
+        raise SystemExit(f"--layouts takes some of {', '.join(LAYOUTS)}, got {options.layouts!r}")
     now = dt.datetime.now(dt.UTC)
     layouts: list[Layout] = []
-    with fresh_schema(options.database_url, business) as engine:
-        version = server_version(engine)
-        layouts.append(measure("batched", engine, options, now))
-    with fresh_schema(options.database_url, business, inbox=False) as engine:
-        with engine.begin() as connection:
-            create_partitioned_table(
-                connection,
-                start=(now - dt.timedelta(days=2 * options.days + 1)).date(),
-                days_ahead=7,
-            )
-        print(f"  partitioned: {len(list_partitions(engine))} partitions", flush=True)
-        layouts.append(measure("partitioned", engine, options, now))
+    version = ""
+    for name in wanted:
+        if name == "partitioned":
+            with fresh_schema(options.database_url, business, inbox=False) as engine:
+                version = server_version(engine)
+                with engine.begin() as connection:
+                    create_partitioned_table(
+                        connection,
+                        start=(now - dt.timedelta(days=2 * options.days + 1)).date(),
+                        days_ahead=7,
+                    )
+                print(f"  partitioned: {len(list_partitions(engine))} partitions", flush=True)
+                layouts.append(measure(name, engine, options, now))
+        else:
+            with fresh_schema(options.database_url, business) as engine:
+                version = server_version(engine)
+                layouts.append(measure(name, engine, options, now))
 
     figures: list[Figure] = []
     for layout in layouts:
+        if layout.name == "bare":
+            figures.append(Figure("bare DELETE (one statement): rate", layout.rate, "rows/s"))
+            seconds = layout.report.longest_batch_seconds * 1000
+            figures.append(Figure("bare DELETE: its one transaction", seconds, "ms"))
+            figures.append(Figure("bare DELETE: p99 during / without", layout.p99_ratio, "x"))
+            continue
         label = "purge rate" if layout.name == "batched" else "purge rate (rows gone / s)"
         figures.append(
             Figure(
@@ -407,6 +512,9 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         figures.append(
             Figure(f"{layout.name}: {step}", longest, "ms", *at_most(longest, TARGET_LONGEST_MS))
         )
+        batch_ms = layout.batch_percentiles()
+        figures.append(Figure(f"{layout.name}: delete batch median", batch_ms["p50"], "ms"))
+        figures.append(Figure(f"{layout.name}: delete batch p99", batch_ms["p99"], "ms"))
         figures.append(
             Figure(
                 f"{layout.name}: p99 during / without purge",
@@ -466,6 +574,9 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             "rows": options.rows,
             "days": options.days,
             "batch_size": options.batch_size,
+            "batch_ms": options.batch_ms,
+            "pause_ms": options.pause_ms,
+            "layouts": wanted,
             "latency_seconds": options.latency_seconds,
             "workers": WORKERS,
             "postgresql": version,

@@ -8,9 +8,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
-from sqlalchemy import create_engine, insert, text
+from sqlalchemy import create_engine, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,6 +19,7 @@ from support.databases import Database
 from support.effects import record_effect
 
 from inbox import ClaimCommittedEarly, HandlerFailed, Inbox, Message, Outcome, cleanup
+from inbox.retention._batches import _LOCK_SPACE
 from inbox.schema import metadata
 
 
@@ -89,20 +91,51 @@ def test_the_worker_needs_insert_and_select_on_the_claim_columns(
     assert pg_db.effect_counts() == {("r1", "ops.apply"): 1}
 
 
-def test_cleanup_needs_select_update_and_delete(pg_db: Database, role: str) -> None:
+def test_cleanup_needs_select_and_delete_and_update_beside_another(
+    pg_db: Database, role: str
+) -> None:
     old = dt.datetime.now(dt.UTC) - dt.timedelta(days=40)
+    claims = metadata.tables["inbox_message"]
+
+    def expire_two() -> None:
+        with pg_db.engine.begin() as connection:
+            rows = [{"message_id": uuid.uuid4().bytes, "handler": "h", "processed_at": old}] * 2
+            connection.execute(
+                insert(claims), [dict(r, message_id=uuid.uuid4().bytes) for r in rows]
+            )
+
+    expire_two()
     with pg_db.engine.begin() as connection:
-        connection.execute(
-            insert(metadata.tables["inbox_message"]),
-            [{"message_id": uuid.uuid4().bytes, "handler": "h", "processed_at": old} for _ in "ab"],
-        )
         connection.execute(text(f"GRANT SELECT, DELETE ON inbox_message TO {role}"))
         # Effect records go with their claims: selected through them, deleted by key.
         connection.execute(text(f"GRANT SELECT, DELETE ON inbox_effect TO {role}"))
     url = as_role(pg_db, role)
-    with pytest.raises(ProgrammingError, match="permission denied"):
-        cleanup(url, days=30)  # FOR UPDATE needs UPDATE as well
-    with pg_db.engine.begin() as connection:
-        connection.execute(text(f"GRANT UPDATE ON inbox_message TO {role}"))
-    assert cleanup(url, days=30).deleted == 2
-    assert pg_db.count(metadata.tables["inbox_message"]) == 0
+    assert cleanup(url, days=30).deleted == 2  # one cleanup alone: a plain DELETE
+    expire_two()
+    # Beside another cleanup of the table (its batch holding the walker's lock), a cleanup
+    # picks its rows FOR UPDATE SKIP LOCKED, which needs UPDATE as well.
+    with walker_lock_held(pg_db.url):
+        with pytest.raises(ProgrammingError, match="permission denied"):
+            cleanup(url, days=30)
+        with pg_db.engine.begin() as connection:
+            connection.execute(text(f"GRANT UPDATE ON inbox_message TO {role}"))
+        assert cleanup(url, days=30).deleted == 2
+    assert pg_db.count(claims) == 0
+
+
+@contextmanager
+def walker_lock_held(url: str) -> Iterator[None]:
+    """The advisory lock a running cleanup's batch holds on the inbox table."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            key = connection.execute(
+                text("SELECT CAST(CAST(to_regclass('inbox_message') AS oid) AS int4)")
+            ).scalar_one()
+            connection.execute(select(func.pg_advisory_lock(_LOCK_SPACE, key)))
+            connection.commit()
+            yield
+            connection.execute(select(func.pg_advisory_unlock(_LOCK_SPACE, key)))
+            connection.commit()
+    finally:
+        engine.dispose()

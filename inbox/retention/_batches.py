@@ -1,13 +1,40 @@
 """The batched delete of expired claims from one table (a plain table or one partition):
-short transactions, each at most one batch, found through the ``processed_at`` index."""
+short transactions, each at most one batch, found through the ``processed_at`` index.
+
+How big a batch is: a fixed number of rows (``batch_size``), or by default as many rows as
+fit a time budget (:class:`BatchSizing`): each batch is sized from the rate the previous ones
+achieved, so a batch takes about ``batch_seconds`` on a fast or a slow, idle or busy server.
+
+On PostgreSQL (docs/operations.md, "How a batch is deleted on PostgreSQL"):
+
+* one cleanup per table at a time is the *walker*, behind an advisory lock its batch
+  transactions take: oldest claims first, each batch a key range of ``processed_at``
+  (``[from, to)``, ``to`` read from the index: the first claim past the batch) deleted by
+  one plain ``DELETE``. No row is locked before it is deleted and nothing is returned:
+  ``SELECT ... FOR UPDATE`` then ``DELETE`` wrote every row twice (heap and WAL), and
+  ``RETURNING`` into a CTE cost as much again as the delete itself;
+* a cleanup that finds the walker's lock taken (another cleanup of the same table is in a
+  batch) runs a *helper* batch: the newest expired claims first, picked ``FOR UPDATE SKIP
+  LOCKED`` and deleted by ``ctid``, so the two never wait for each other until they meet;
+* each batch continues where the previous one of its kind ended (a keyset cursor on
+  ``processed_at``), so no batch re-scans the index entries of the rows deleted before it;
+* each batch commits with ``synchronous_commit = off``: WAL is flushed in order, so any
+  later durable commit (a redelivery's new claim, say) makes the purge's commit durable
+  first; all a crash can lose is the last purge commits, and their claims, which had
+  expired, are deleted again by the next run. Nothing is deleted twice, nothing inside
+  the window is touched.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import time
+import zlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from sqlalchemy import (
     Connection,
@@ -18,21 +45,92 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    cast,
     delete,
+    false,
     func,
     literal_column,
     select,
 )
+from sqlalchemy.dialects.postgresql import OID
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.sql import ColumnElement
+from sqlalchemy.types import Integer
 
 from inbox.errors import UnsupportedDialect
 from inbox.retention._catalog import UNDEFINED_TABLE
 from inbox.schema import UTCDateTime
 
-__all__ = ["count_expired", "delete_in_batches"]
+__all__ = [
+    "DEFAULT_BATCH_SECONDS",
+    "MAX_ADAPTIVE_BATCH",
+    "MIN_ADAPTIVE_BATCH",
+    "BatchSizing",
+    "count_expired",
+    "delete_in_batches",
+]
 
 logger = logging.getLogger("inbox.retention")
+
+DEFAULT_BATCH_SECONDS: Final = 0.025
+"""The time budget of one batch when its size adapts (``batch_size`` not given)."""
+FIRST_ADAPTIVE_BATCH: Final = 2_000
+"""The first batch's rows when the size adapts: small enough for any server."""
+MIN_ADAPTIVE_BATCH: Final = 100
+MAX_ADAPTIVE_BATCH: Final = 100_000
+"""The bounds of an adapted batch: the largest keeps the rows locked at once (which a
+redelivery of an expired message may wait for) bounded however fast the server is."""
+_GROWTH: Final = 2.0  # a batch at most twice the previous one: one fast batch proves little
+_SMOOTHING: Final = 0.5  # weight of the newest batch in the seconds-per-row estimate
+
+
+@dataclass(slots=True)
+class BatchSizing:
+    """The number of rows of each batch: ``fixed`` rows, or sized to take ``seconds``.
+
+    The adaptive size follows the seconds per row measured on whole batch transactions
+    (statement and commit), smoothed over the recent batches: ``seconds`` over that, at
+    most twice the previous batch, at least :data:`MIN_ADAPTIVE_BATCH`, at most ``most``
+    (:data:`MAX_ADAPTIVE_BATCH`), rounded to two significant digits. A batch that took longer
+    than its budget shrinks the next one at once (the estimate moves halfway to it).
+    """
+
+    fixed: int | None = None
+    seconds: float = DEFAULT_BATCH_SECONDS
+    most: int = MAX_ADAPTIVE_BATCH
+    """The largest batch, fixed or adapted."""
+    pause: float = 0.0
+    """Seconds to sleep between two batches of a table, leaving the server to the workers."""
+    _size: int = 0
+    _per_row: float | None = None
+
+    def __post_init__(self) -> None:
+        first = self.fixed if self.fixed is not None else FIRST_ADAPTIVE_BATCH
+        self._size = min(first, self.most)
+
+    @property
+    def size(self) -> int:
+        """The rows of the next batch."""
+        return self._size
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A batch deleted ``rows`` in ``seconds`` (its whole transaction): size the next."""
+        if self.fixed is not None or rows <= 0 or seconds <= 0:
+            return
+        per_row = seconds / rows
+        if self._per_row is None:
+            self._per_row = per_row
+        else:
+            self._per_row += _SMOOTHING * (per_row - self._per_row)
+        wanted = self.seconds / self._per_row
+        wanted = min(wanted, self._size * _GROWTH, self.most)
+        self._size = _two_digits(max(MIN_ADAPTIVE_BATCH, int(wanted)))
+
+
+def _two_digits(rows: int) -> int:
+    """``rows`` rounded down to two significant digits (few distinct statements)."""
+    scale = int(10 ** max(0, int(math.log10(rows)) - 1))
+    return rows // scale * scale
 
 
 def count_expired(connection: Connection, table: Table, cutoff: dt.datetime) -> int:
@@ -42,27 +140,44 @@ def count_expired(connection: Connection, table: Table, cutoff: dt.datetime) -> 
 
 
 def delete_in_batches(
-    engine: Engine, table: Table, cutoff: dt.datetime, batch_size: int, *, gone_ok: bool = False
+    engine: Engine,
+    table: Table,
+    cutoff: dt.datetime,
+    sizing: BatchSizing,
+    *,
+    gone_ok: bool = False,
 ) -> tuple[int, int, float]:
     """Delete the expired claims of ``table`` (a plain table or one partition) batch by batch;
     return (rows deleted, batches, seconds of the slowest batch). With ``gone_ok``, a table
     that disappears (a partition another cleanup dropped) ends the loop quietly.
 
-    On PostgreSQL each batch starts where the previous one ended (``processed_at`` at or
-    after the newest claim it deleted): the index entries of deleted rows stay until vacuum,
-    and a batch that scanned the index from its start would step over all of them, ever more
-    with each batch. Rows left behind that cursor (locked by another cleanup, or a late claim
-    with an old clock) are picked up by batches from the start once the cursor is through.
+    On PostgreSQL each batch starts where the previous one of its kind ended (the walker
+    where its last key range ended, a helper at or before the oldest claim it took): the
+    index entries of deleted rows stay until vacuum, and a batch that scanned the index from
+    its start would step over all of them, ever more with each batch. Rows a helper left
+    behind its cursor (locked by another cleanup) are looked for from the start once its
+    cursor is through; the walker waits for locked rows instead, and leaves a claim that
+    commits behind its cursor during the run to the next run.
     """
-    step = _batch_step(table, engine.dialect.name, cutoff, batch_size)
+    dialect_name = engine.dialect.name
+    step = (
+        _pg_step(table, cutoff)
+        if dialect_name == "postgresql"
+        else _plain_step(table, dialect_name, cutoff)
+    )
+    cursors: dict[bool, dt.datetime | None] = {}
     deleted = batches = 0
     longest = 0.0
-    after: dt.datetime | None = None
+    if dialect_name == "postgresql":
+        cursors[True] = _oldest_expired(engine, table, cutoff, gone_ok=gone_ok)
+        if cursors[True] is None:
+            return deleted, batches, longest  # nothing expired (most partitions): no batch
     while True:
+        limit = sizing.size
         began = time.perf_counter()
         try:
             with engine.begin() as connection:
-                count, newest = step(connection, after)
+                walker, full, count, edge = step(connection, cursors, limit)
         except ProgrammingError as exc:
             if gone_ok and _is_gone(exc):
                 break
@@ -75,13 +190,21 @@ def delete_in_batches(
             seconds * 1000,
             extra={"inbox_deleted": count},
         )
+        sizing.record(count, seconds)
         longest = max(longest, seconds)
         batches += 1
         deleted += count
-        if count >= batch_size:
-            after = newest
+        if full:
+            cursors[walker] = edge
+            if sizing.pause:
+                time.sleep(sizing.pause)
             continue
-        if after is None:
+        if walker or cursors.get(walker) is None:
+            # The walker swept up to the cutoff (rows it met locked it waited for), or a
+            # batch from the start found no more. A claim committed behind the walker's
+            # cursor meanwhile (a clock a window late, an import of old claims) is left
+            # for the next run: looking for one would step over the index entries of
+            # every row this run deleted, seconds for millions.
             break
         try:
             with engine.connect() as connection:
@@ -91,7 +214,7 @@ def delete_in_batches(
             if gone_ok and _is_gone(exc):
                 break
             raise
-        after = None
+        cursors[walker] = None
     return deleted, batches, longest
 
 
@@ -99,72 +222,194 @@ def _is_gone(exc: ProgrammingError) -> bool:
     return getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE
 
 
-_Step = Callable[[Connection, "dt.datetime | None"], tuple[int, "dt.datetime | None"]]
+_Step = Callable[
+    [Connection, dict[bool, "dt.datetime | None"], int],
+    tuple[bool, int, int, "dt.datetime | None"],
+]
+"""One batch in the caller's transaction, about ``limit`` rows, from the cursor of its kind
+in ``cursors``: (the walker's kind?, a full batch: more may follow from the next cursor?,
+rows deleted, the next cursor)."""
 
 
-def _batch_step(table: Table, dialect_name: str, cutoff: dt.datetime, limit: int) -> _Step:
-    """Run one batch on a connection, after a keyset cursor (PostgreSQL) or not; return the
-    rows it deleted and the newest ``processed_at`` among them (None where not tracked)."""
-    if dialect_name != "postgresql":
-        statement = _batch_delete(table, dialect_name, cutoff, limit)
+def _plain_step(table: Table, dialect_name: str, cutoff: dt.datetime) -> _Step:
+    """SQLite and MySQL/MariaDB: no cursor, every batch from the start of the index."""
+    statements: dict[int, Delete] = {}
 
-        def plain(connection: Connection, after: dt.datetime | None) -> tuple[int, None]:
-            return connection.execute(statement).rowcount, None
+    def plain(
+        connection: Connection, cursors: dict[bool, dt.datetime | None], limit: int
+    ) -> tuple[bool, int, int, None]:
+        statement = statements.get(limit)
+        if statement is None:
+            statement = statements[limit] = _batch_delete(table, dialect_name, cutoff, limit)
+        count = int(connection.execute(statement).rowcount)
+        return False, count >= limit, count, None
 
-        return plain
-    first = _keyset_batch(table, cutoff, limit, bounded=False)
-    rest = _keyset_batch(table, cutoff, limit, bounded=True)
-
-    def keyset(connection: Connection, after: dt.datetime | None) -> tuple[int, dt.datetime | None]:
-        if after is None:
-            count, newest = connection.execute(first).one()
-        else:
-            count, newest = connection.execute(rest, {"after": after}).one()
-        return int(count), newest
-
-    return keyset
+    return plain
 
 
-def _keyset_batch(table: Table, cutoff: dt.datetime, limit: int, *, bounded: bool) -> Executable:
-    """The PostgreSQL batch: delete at most ``limit`` expired rows (from ``:after`` on, when
-    ``bounded``) by ``ctid``; select how many went and the newest ``processed_at`` of them."""
-    expired = table.c.processed_at < cutoff
+def _pg_step(table: Table, cutoff: dt.datetime) -> _Step:
+    """One PostgreSQL batch in the caller's transaction: the walker's if its advisory lock
+    is free for this transaction, else a helper's; from that kind's cursor in ``cursors``
+    (True: the walker's). Returns (walker?, full?, rows deleted, the next cursor)."""
+    opening = {bounded: _pg_opening(table, cutoff, bounded=bounded) for bounded in (True, False)}
+    ranges = {bounded: _pg_range(table, cutoff, bounded=bounded) for bounded in (True, False)}
+    ties = _pg_ties(table, cutoff)
+    helpers = {bounded: _pg_helper(table, cutoff, bounded=bounded) for bounded in (True, False)}
+    keys: list[int | None] = []
+
+    def step(
+        connection: Connection, cursors: dict[bool, dt.datetime | None], limit: int
+    ) -> tuple[bool, bool, int, dt.datetime | None]:
+        if not keys:
+            keys.append(_oid_key(connection, table))
+        key = keys[0]
+        edge = cursors.get(True)
+        params: dict[str, Any] = {"key": key, "limit": limit, "edge": edge}
+        walker, _, to = connection.execute(opening[edge is not None], params).one()
+        if walker:
+            if edge is not None and to == edge:
+                # More than a batch of claims share one processed_at (one transaction's
+                # claims, a bulk import): a batch of them by ctid, the cursor stays.
+                count = connection.execute(ties, {"edge": edge, "limit": limit}).rowcount
+                return True, True, int(count), edge
+            bounds = {"edge": edge, "to": cutoff if to is None else to}
+            count = int(connection.execute(ranges[edge is not None], bounds).rowcount)
+            if to is None:
+                # The rest, up to the cutoff. A full batch is followed by one more, as on
+                # the other dialects; from the cutoff on it finds nothing.
+                return True, count >= limit, count, cutoff
+            return True, True, count, to
+        edge = cursors.get(False)
+        params = {"limit": limit, "edge": edge}
+        count, next_edge = connection.execute(helpers[edge is not None], params).one()
+        return False, count >= limit, int(count), next_edge
+
+    return step
+
+
+def _pg_opening(table: Table, cutoff: dt.datetime, *, bounded: bool) -> Executable:
+    """A batch's first statement: take the walker's lock for this transaction if it is
+    free (NULL ``:key``: the table is gone, the batch will say so), turn
+    ``synchronous_commit`` off for it, and read where the walker's batch ends: the
+    ``processed_at`` of the first expired claim past ``:limit`` of them from the cursor
+    ``:edge`` on (when ``bounded``), or NULL when no more than ``:limit`` are left. An
+    index-only scan of the ``processed_at`` index, reading no table rows."""
+    at = table.c.processed_at
+    expired = at < cutoff
     if bounded:
-        expired = and_(table.c.processed_at >= bindparam("after", type_=UTCDateTime()), expired)
-    gone = _batch_delete(table, "postgresql", cutoff, limit, where=expired)
-    deleted = gone.returning(table.c.processed_at).cte("gone")
-    return select(func.count(), func.max(deleted.c.processed_at))
+        expired = and_(at >= bindparam("edge", type_=UTCDateTime()), expired)
+    to = select(at).where(expired).order_by(at).offset(bindparam("limit", type_=Integer()))
+    key = bindparam("key", type_=Integer())
+    return select(
+        func.coalesce(func.pg_try_advisory_xact_lock(_LOCK_SPACE, key), false()),
+        func.set_config("synchronous_commit", "off", True),
+        to.limit(1).scalar_subquery(),
+    )
 
 
-def _any_expired(connection: Connection, table: Table, cutoff: dt.datetime) -> bool:
-    query = select(table.c.processed_at).where(table.c.processed_at < cutoff).limit(1)
-    return connection.execute(query).first() is not None
+def _pg_range(table: Table, cutoff: dt.datetime, *, bounded: bool) -> Executable:
+    """The walker's batch: every claim in ``[:edge, :to)`` (from the start when not
+    ``bounded``), and never one at or after the cutoff whatever ``:to`` says."""
+    at = table.c.processed_at
+    expired = and_(at < bindparam("to", type_=UTCDateTime()), at < cutoff)
+    if bounded:
+        expired = and_(at >= bindparam("edge", type_=UTCDateTime()), expired)
+    return delete(table).where(expired)
 
 
-def _batch_delete(
-    table: Table,
-    dialect_name: str,
-    cutoff: dt.datetime,
-    limit: int,
-    *,
-    where: ColumnElement[bool] | None = None,
-) -> Delete:
-    """One batch: at most ``limit`` expired rows, found through the ``processed_at`` index.
+_CTID: Final[ColumnElement[Any]] = literal_column("ctid")
+"""A row's physical address, unique within one table (one partition)."""
 
-    Each dialect deletes by its physical row address (or a native LIMIT) so a batch touches
-    only the rows it removes, never re-scanning the table by primary key. On PostgreSQL
+
+def _pg_ties(table: Table, cutoff: dt.datetime) -> Executable:
+    """A batch of ``:limit`` claims whose ``processed_at`` is ``:edge``, by ``ctid``."""
+    at = table.c.processed_at
+    ctid = _CTID
+    tied = at == bindparam("edge", type_=UTCDateTime())
+    batch = select(ctid).select_from(table).where(tied, at < cutoff)
+    batch = batch.limit(bindparam("limit", type_=Integer()))
+    return delete(table).where(ctid == any_(func.array(batch.scalar_subquery())))
+
+
+def _pg_helper(table: Table, cutoff: dt.datetime, *, bounded: bool) -> Executable:
+    """A helper's batch: at most ``:limit`` expired claims, newest first (at or before the
+    cursor ``:edge`` when ``bounded``), picked ``FOR UPDATE SKIP LOCKED`` and deleted by
+    ``ctid``; returns how many went and the oldest ``processed_at`` among them.
+
     ``table`` must be a plain table or a single partition: a ``ctid`` is unique within one
     relation only, so on a partitioned parent the addresses of one partition's expired rows
     would also match other partitions' rows.
     """
-    expired = table.c.processed_at < cutoff if where is None else where
-    if dialect_name == "postgresql":
-        # SKIP LOCKED lets several cleanups run at once on disjoint rows, neither waiting.
-        # Oldest first (the index order, no sort): the keyset cursor relies on it.
-        ctid: ColumnElement[Any] = literal_column("ctid")
-        batch = select(ctid).select_from(table).where(expired).order_by(table.c.processed_at)
-        batch = batch.limit(limit).with_for_update(skip_locked=True)
-        return delete(table).where(ctid == any_(func.array(batch.scalar_subquery())))
+    at = table.c.processed_at
+    expired = at < cutoff
+    if bounded:
+        expired = and_(at <= bindparam("edge", type_=UTCDateTime()), expired)
+    ctid = _CTID
+    batch = select(ctid).select_from(table).where(expired).order_by(at.desc())
+    batch = batch.limit(bindparam("limit", type_=Integer())).with_for_update(skip_locked=True)
+    gone = (
+        delete(table)
+        .where(ctid == any_(func.array(batch.scalar_subquery())))
+        .returning(at)
+        .cte("gone")
+    )
+    return select(func.count(), func.min(gone.c.processed_at)).select_from(gone)
+
+
+# The walker's advisory lock on one table: (a constant naming inbox cleanup, the table's
+# oid), taken by each walker batch for its transaction. The cleanup whose batch finds it
+# taken runs a helper batch instead, and again for its next batch until the lock is free.
+_LOCK_SPACE: Final = zlib.crc32(b"inbox.retention.walker") - 2**31
+
+
+def _oid_key(connection: Connection, table: Table) -> int | None:
+    """The oid of ``table`` as the server resolves its name (``schema_translate_map``
+    applied, then the search path), as an int4 lock key; None when there is no such table.
+    """
+    schema = table.schema
+    translate = connection.get_execution_options().get("schema_translate_map") or {}
+    schema = translate.get(schema, schema)
+    name = func.quote_ident(table.name)
+    if schema:
+        name = func.concat(func.quote_ident(schema), ".", name)
+    # oid to int4 is a binary cast: oids above 2**31 become negative keys, still distinct.
+    value = connection.execute(select(cast(cast(func.to_regclass(name), OID), Integer))).scalar()
+    return None if value is None else int(value)
+
+
+def _oldest_expired(
+    engine: Engine, table: Table, cutoff: dt.datetime, *, gone_ok: bool
+) -> dt.datetime | None:
+    """Where the walker starts: the oldest expired claim's ``processed_at``, None when there
+    is none (or, with ``gone_ok``, no table). Read before the first batch, in a transaction
+    that locks and writes nothing: the index entries of the claims an earlier run deleted
+    stay until vacuum, and stepping over them (a good second for some millions, the first
+    time) would otherwise be the first batch's, with its locks."""
+    at = table.c.processed_at
+    try:
+        with engine.connect() as connection:
+            oldest: dt.datetime | None = connection.execute(
+                select(func.min(at)).where(at < cutoff)
+            ).scalar()
+    except ProgrammingError as exc:
+        if gone_ok and _is_gone(exc):
+            return None
+        raise
+    return oldest
+
+
+def _any_expired(connection: Connection, table: Table, cutoff: dt.datetime) -> bool:
+    # In index order: without it PostgreSQL may look for "any one row" with a sequential
+    # scan, which reads every page the batches just emptied, and then the whole table.
+    at = table.c.processed_at
+    query = select(at).where(at < cutoff).order_by(at).limit(1)
+    return connection.execute(query).first() is not None
+
+
+def _batch_delete(table: Table, dialect_name: str, cutoff: dt.datetime, limit: int) -> Delete:
+    """One batch on SQLite or MySQL/MariaDB: at most ``limit`` expired rows, found through the
+    ``processed_at`` index, deleted by ``rowid`` (SQLite) or with a native ``LIMIT``."""
+    expired = table.c.processed_at < cutoff
     if dialect_name == "sqlite":
         rowid: ColumnElement[Any] = literal_column("rowid")
         batch = select(rowid).select_from(table).where(expired).limit(limit)

@@ -13,12 +13,30 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Final
 
 from sqlalchemy import ColumnElement, Engine, Table, and_, delete, func, inspect, select
 
-__all__ = ["count_expired_effects", "delete_expired_effects", "has_effect_table"]
+from inbox.retention._batches import BatchSizing
+
+__all__ = [
+    "count_expired_effects",
+    "delete_expired_effects",
+    "effect_sizing",
+    "has_effect_table",
+]
 
 logger = logging.getLogger("inbox.retention")
+
+MAX_EFFECT_BATCH: Final = 10_000
+"""The most effect records per batch: each batch deletes by a list of keys, one bound
+parameter each (PostgreSQL takes at most 65,535 in one statement)."""
+
+
+def effect_sizing(batch_size: int | None, batch_seconds: float) -> BatchSizing:
+    """The batches of effect records: as for claims, at most :data:`MAX_EFFECT_BATCH`."""
+    fixed = None if batch_size is None else min(batch_size, MAX_EFFECT_BATCH)
+    return BatchSizing(fixed, batch_seconds, most=MAX_EFFECT_BATCH)
 
 
 def has_effect_table(engine: Engine, effects: Table) -> bool:
@@ -47,29 +65,29 @@ def count_expired_effects(
 
 
 def delete_expired_effects(
-    engine: Engine, effects: Table, claims: Table, cutoff: dt.datetime, batch_size: int
+    engine: Engine, effects: Table, claims: Table, cutoff: dt.datetime, sizing: BatchSizing
 ) -> tuple[int, int, float]:
-    """Delete the effect records of claims processed strictly before ``cutoff``, at most
-    ``batch_size`` per transaction; return (records deleted, batches, slowest batch's
+    """Delete the effect records of claims processed strictly before ``cutoff``, as many per
+    transaction as ``sizing`` says; return (records deleted, batches, slowest batch's
     seconds). Each batch selects the keys through the claims, then deletes by key (MySQL
     and MariaDB take no LIMIT in a subquery of the table being deleted from)."""
-    batch = (
-        select(effects.c.effect_key)
-        .select_from(claims.join(effects, _expired(effects, claims, cutoff)))
-        .limit(batch_size)
-    )
+    expired = claims.join(effects, _expired(effects, claims, cutoff))
     deleted = batches = 0
     longest = 0.0
     while True:
+        limit = sizing.size
+        batch = select(effects.c.effect_key).select_from(expired).limit(limit)
         began = time.perf_counter()
         with engine.begin() as connection:
             keys = list(connection.execute(batch).scalars())
             if keys:
                 connection.execute(delete(effects).where(effects.c.effect_key.in_(keys)))
-        longest = max(longest, time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+        sizing.record(len(keys), seconds)
+        longest = max(longest, seconds)
         batches += 1
         deleted += len(keys)
-        if len(keys) < batch_size:
+        if len(keys) < limit:
             break
     logger.debug("cleanup: deleted %d effect records from %s", deleted, effects.fullname)
     return deleted, batches, longest

@@ -27,7 +27,14 @@ from inbox._cli import (
 from inbox.retention._catalog import is_partitioned
 from inbox.retention._create import ensure_partitions
 from inbox.retention._layout import DEFAULT_DAYS_AHEAD
-from inbox.retention._purge import MAX_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
+from inbox.retention._purge import (
+    DEFAULT_BATCH_SECONDS,
+    MAX_BATCH_SECONDS,
+    MAX_BATCH_SIZE,
+    CleanupReport,
+    cleanup,
+    cutoff_for,
+)
 from inbox.retention._targets import targets_for
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
 
@@ -55,8 +62,26 @@ def _cleanup_parser() -> UsageParser:
     parser.add_argument(
         "--batch-size",
         type=whole_number(1, MAX_BATCH_SIZE),
-        default=10_000,
-        help="rows deleted per transaction (default: 10000)",
+        default=None,
+        help="rows deleted per transaction (default: as many as take --batch-ms)",
+    )
+    parser.add_argument(
+        "--batch-ms",
+        type=whole_number(1, int(MAX_BATCH_SECONDS * 1000)),
+        default=round(DEFAULT_BATCH_SECONDS * 1000),
+        metavar="MS",
+        help=(
+            "without --batch-size: size each batch to take about MS milliseconds, from the "
+            f"rate of the previous ones (default: {round(DEFAULT_BATCH_SECONDS * 1000)})"
+        ),
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=whole_number(0, int(MAX_BATCH_SECONDS * 1000)),
+        default=0,
+        metavar="MS",
+        help="sleep MS milliseconds between two batches, leaving the database to the workers "
+        "(default: 0)",
     )
     parser.add_argument(
         "--table", default=DEFAULT_TABLE_NAME, help="inbox table, NAME or SCHEMA.NAME"
@@ -148,6 +173,8 @@ def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]
                 engine,
                 days=args.days,
                 batch_size=args.batch_size,
+                batch_seconds=args.batch_ms / 1000,
+                pause_seconds=args.pause_ms / 1000,
                 dry_run=args.dry_run,
                 table=target.table,
                 effect_table=target.effect_table,

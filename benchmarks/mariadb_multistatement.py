@@ -61,12 +61,20 @@ from common import (
     timed,
 )
 from pymysql.constants import CLIENT, SERVER_STATUS  # type: ignore[import-untyped]
-from s1_overhead import ACCOUNTS, SELECT_ONE, accounts, business, three_statements
+from s1_overhead import (
+    ACCOUNTS,
+    accounts,
+    business,
+    plain,
+    select_ones,
+    three_statements,
+    through,
+)
 from sqlalchemy import Engine, create_engine, event, insert
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
-from inbox import Inbox, Message, Outcome
+from inbox import Inbox, Message
 
 SCENARIO = "MARIADB_MULTI"
 TITLE = "MariaDB: the claim in the handler's first packet (multi-statement), measured"
@@ -287,27 +295,6 @@ class Batches:
     def make(self, count: int) -> list[Message]:
         """``count`` new messages."""
         return [Message.new("bench", {"ref": next(self._refs), "amount": 7}) for _ in range(count)]
-
-
-def through(inbox: Inbox, batch: list[Message]) -> None:
-    """Process every message; each must be processed."""
-    for message in batch:
-        if inbox.process(message).outcome is not Outcome.PROCESSED:
-            raise AssertionError(f"{message.id}: not processed")
-
-
-def plain(sessions: sessionmaker[Session], batch: list[Message]) -> None:
-    """The handler in a plain session transaction per message."""
-    for message in batch:
-        with sessions() as session, session.begin():
-            three_statements(message, session)
-
-
-def select_ones(sessions: sessionmaker[Session], count: int) -> None:
-    """``count`` ``SELECT 1`` through one session."""
-    with sessions() as session, session.begin():
-        for _ in range(count):
-            session.execute(SELECT_ONE).scalar_one()
 
 
 def steps_for(

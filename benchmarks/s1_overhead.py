@@ -111,6 +111,27 @@ def three_statements(message: Message, session: Session) -> None:
     session.execute(ADD_TO_BALANCE, {"account": account, "amount": message.body["amount"]})
 
 
+def through(inbox: Inbox, batch: list[Message]) -> None:
+    """Process every message of ``batch``; each must be processed (not a duplicate)."""
+    for message in batch:
+        if inbox.process(message).outcome is not Outcome.PROCESSED:
+            raise AssertionError(f"{message.id}: not processed")
+
+
+def plain(sessions: sessionmaker[Session], batch: list[Message]) -> None:
+    """The 3-statement handler in a plain session transaction per message, no inbox."""
+    for message in batch:
+        with sessions() as session, session.begin():
+            three_statements(message, session)
+
+
+def select_ones(sessions: sessionmaker[Session], count: int) -> None:
+    """``count`` ``SELECT 1`` through one session."""
+    with sessions() as session, session.begin():
+        for _ in range(count):
+            session.execute(SELECT_ONE).scalar_one()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """S1's options."""
     parser.add_argument(

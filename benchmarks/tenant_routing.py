@@ -58,13 +58,21 @@ from common import (
     server_version,
     timed,
 )
-from s1_overhead import ACCOUNTS, SELECT_ONE, accounts, business, three_statements
+from s1_overhead import (
+    ACCOUNTS,
+    accounts,
+    business,
+    plain,
+    select_ones,
+    three_statements,
+    through,
+)
 from sqlalchemy import Connection, Engine, create_engine, event, insert, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from inbox import Inbox, Message, Outcome
+from inbox import Inbox, Message
 from inbox._claim import Claims, _rowcount_claimer
 from inbox.schema import inbox_message
 from inbox.schema import metadata as inbox_metadata
@@ -194,27 +202,6 @@ class Batches:
             )
             for i in range(count)
         ]
-
-
-def through(inbox: Inbox, batch: list[Message]) -> None:
-    """Process every message of ``batch``; each must be processed (not a duplicate)."""
-    for message in batch:
-        if inbox.process(message).outcome is not Outcome.PROCESSED:
-            raise AssertionError(f"{message.id}: not processed")
-
-
-def plain(sessions: sessionmaker[Session], batch: list[Message]) -> None:
-    """The handler in a plain session transaction per message, no inbox."""
-    for message in batch:
-        with sessions() as session, session.begin():
-            three_statements(message, session)
-
-
-def select_ones(sessions: sessionmaker[Session], count: int) -> None:
-    """``count`` ``SELECT 1`` through one session."""
-    with sessions() as session, session.begin():
-        for _ in range(count):
-            session.execute(SELECT_ONE).scalar_one()
 
 
 def measure_rounds(

@@ -20,13 +20,12 @@ from sqlalchemy import Connection, Engine, create_engine, func, insert, select, 
 from support.databases import Database
 
 from inbox import cleanup
-from inbox.retention._batches import (
-    _LOCK_SPACE,
+from inbox.retention._batches import _LOCK_SPACE, _oid_key
+from inbox.retention._sizing import (
     FIRST_ADAPTIVE_BATCH,
     MAX_ADAPTIVE_BATCH,
     MIN_ADAPTIVE_BATCH,
     BatchSizing,
-    _oid_key,
 )
 from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_message

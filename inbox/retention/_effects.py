@@ -17,7 +17,7 @@ from typing import Final
 
 from sqlalchemy import ColumnElement, Engine, Table, and_, delete, func, inspect, select
 
-from inbox.retention._batches import BatchSizing
+from inbox.retention._sizing import BatchSizing
 
 __all__ = [
     "count_expired_effects",

@@ -4,6 +4,7 @@ already aborted is never reported as committable."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -123,21 +124,46 @@ def begin_claim_transaction(
 
 
 def _watch(engine: Engine) -> None:
-    """Listen, once per MySQL/MariaDB engine, for errors after which the server has rolled
-    back everything.
+    """Listen, once per MySQL/MariaDB or SQLite engine, for the errors the inbox must act on
+    as they happen.
 
-    A handler that catches such an error and goes on would otherwise commit its later
-    writes in a new implicit transaction, without the claim. Nothing in the driver's state
-    shows it afterwards, so the error is remembered on the connection when it happens.
-    (Only there: an engine-wide listener makes every statement on the engine a little
+    MySQL/MariaDB: errors after which the server has rolled back everything. A handler that
+    catches such an error and goes on would otherwise commit its later writes in a new
+    implicit transaction, without the claim. Nothing in the driver's state shows it
+    afterwards, so the error is remembered on the connection when it happens.
+
+    SQLite: a statement cut short by a cancellation (or another exit exception) mid-execute;
+    see :func:`_finish_interrupted_statement`.
+
+    (Only these: an engine-wide listener makes every statement on the engine a little
     slower, the application's own included.)
     """
-    if engine.dialect.name not in _MYSQL_DIALECTS or engine in _watched_engines:
+    listener = _LISTENERS.get(engine.dialect.name)
+    if listener is None or engine in _watched_engines:
         return
     with _watch_lock:
         if engine not in _watched_engines:
-            event.listen(engine, "handle_error", _remember_transaction_abort)
+            event.listen(engine, "handle_error", listener)
             _watched_engines.add(engine)
+
+
+def _finish_interrupted_statement(context: ExceptionContext) -> None:
+    """Close the cursor of a statement an exit exception interrupted, on SQLite.
+
+    SQLAlchemy invalidates the connection then, without closing the cursor; SQLite cannot
+    close a connection with a statement still pending, so it keeps it as a zombie holding
+    the transaction's locks (the claim's write lock) until the cursor is garbage-collected,
+    and every other writer waits. With aiosqlite a cancelled ``await`` leaves exactly that:
+    the statement still runs on aiosqlite's thread. The close is queued there behind it and
+    before the connection's close, so it takes effect even if this task is cancelled again.
+    """
+    # The execution context's cursor: SQLAlchemy 2.1 leaves ExceptionContext.cursor unset.
+    execution = context.execution_context
+    cursor = getattr(execution, "cursor", None)
+    if isinstance(context.original_exception, Exception) or cursor is None:
+        return
+    with contextlib.suppress(Exception):  # the connection is being invalidated anyway
+        cursor.close()
 
 
 def _remember_transaction_abort(context: ExceptionContext) -> None:
@@ -146,6 +172,13 @@ def _remember_transaction_abort(context: ExceptionContext) -> None:
         context.connection.info[_ABORTED_BY] = (
             context.sqlalchemy_exception or context.original_exception
         )
+
+
+_LISTENERS: Final[dict[str, Callable[[ExceptionContext], None]]] = {
+    "mysql": _remember_transaction_abort,
+    "mariadb": _remember_transaction_abort,
+    "sqlite": _finish_interrupted_statement,
+}
 
 
 def autocommits(connection: Connection) -> bool:

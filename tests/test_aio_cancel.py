@@ -7,6 +7,7 @@ the message exactly once."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, select, text
+from sqlalchemy import Engine, event, make_url, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from support.aio import (
     ASYNC_DRIVERS,
@@ -75,6 +76,23 @@ def is_point(point: str, statement: str) -> bool:
 FIXED_ID = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")
 
 
+def assert_no_lock_held(adb: AsyncDatabase) -> None:
+    """On SQLite, nothing holds a lock on the database file: a connection that waits not at
+    all takes an exclusive transaction. (A cancelled statement left pending on a closed
+    connection keeps its transaction's locks until garbage collection: every writer waits.)
+    On the servers the redelivery below shows the claim's lock is gone."""
+    if adb.db.backend != "sqlite":
+        return
+    path = make_url(adb.db.url).database
+    assert path
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN EXCLUSIVE")
+        probe.execute("ROLLBACK")
+    finally:
+        probe.close()
+
+
 def fixed(ref: object) -> Message:
     return Message(id=FIXED_ID, type="order.created", body={"ref": ref})
 
@@ -125,6 +143,7 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
             assert task.cancelled()  # the CancelledError itself, not a wrapper
             assert checked_out(engine) == 0
             assert sessions.left_open() == []
+            assert_no_lock_held(adb)
             effects, held = adb.db.effect_counts(), claims(adb)
             # psycopg's claim check carries the COMMIT (inbox/_shared_round_trips.py).
             commit_sent = point == "commit" or "1 / count(*)" in cancelled_at[0].lower()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +39,8 @@ logger = logging.getLogger("inbox.core")
 CONFIGURATION_ERRORS: Final = (SessionConfigurationError, UnsupportedDialect)
 """Errors that say the inbox is set up wrong, not that a message failed: they are raised as
 themselves at once (no handler failure recorded, nothing retried)."""
+
+_UNWATCHED: AbstractContextManager[None] = nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,13 @@ class Settlement:
 
     def __post_init__(self) -> None:
         self._watch = watch(self.message)  # None without OpenTelemetry
+
+    def running(self, handler: str) -> AbstractContextManager[None]:
+        """Around ``handler``'s run, retries included: with tracing, its span is the
+        current one (see :meth:`inbox.telemetry._core.MessageWatch.running`)."""
+        if self._watch is None:
+            return _UNWATCHED
+        return self._watch.running(handler)
 
     def done(self, handler: str, outcome: Outcome) -> None:
         """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""

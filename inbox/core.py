@@ -265,14 +265,15 @@ class Inbox(InboxBase[Session]):
         for handler, key in zip(planned.handlers, planned.keys, strict=True):
             run = functools.partial(self._run_once, handler, key, message)
             what = functools.partial(describe, handler, message)
-            try:
-                outcome = run_with_retries(run, self._backoff, what)
-            except CONFIGURATION_ERRORS:
-                raise
-            except Exception as exc:
-                settlement.failed(handler.name, exc)
-            else:
-                settlement.done(handler.name, outcome)
+            with settlement.running(handler.name):
+                try:
+                    outcome = run_with_retries(run, self._backoff, what)
+                except CONFIGURATION_ERRORS:
+                    raise
+                except Exception as exc:
+                    settlement.failed(handler.name, exc)
+                else:
+                    settlement.done(handler.name, outcome)
         return settlement.result()
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:

@@ -131,6 +131,63 @@ def test_the_handler_spans_continue_the_messages_traceparent(db: Database, otel:
         assert span.parent.span_id == PARENT_SPAN_ID
 
 
+def test_spans_made_inside_a_handler_are_children_of_its_span(db: Database, otel: Sdk) -> None:
+    """The handler's span is the current one while it runs: an outside call traced inside
+    (an SMS, a payment) shows under it, and under the message's trace."""
+    ok, _, message_type = names()
+    inbox = Inbox(db.sessions)
+    tracer = trace.get_tracer("tests.handler")
+
+    @inbox.handler(message_type, name=ok)
+    def send_sms(message: Message, session: Session) -> None:
+        with tracer.start_as_current_span(f"sms-{ok}"):
+            record_effect(message, session, ok)
+
+    message = Message(
+        id=uuid7(), type=message_type, body={"ref": "r"}, headers={"traceparent": TRACEPARENT}
+    )
+    inbox.process(message)
+
+    [handler_span] = otel.spans(f"handler {ok}")
+    [call] = otel.spans(f"sms-{ok}")
+    assert handler_span.context is not None
+    assert handler_span.parent is not None
+    assert handler_span.parent.span_id == PARENT_SPAN_ID
+    assert handler_span.attributes is not None
+    assert handler_span.attributes["inbox.outcome"] == "processed"
+    assert call.parent is not None
+    assert call.context is not None
+    assert call.parent.span_id == handler_span.context.span_id
+    assert call.context.trace_id == TRACE_ID
+    assert handler_span.start_time is not None
+    assert call.start_time is not None
+    assert handler_span.end_time is not None
+    assert call.end_time is not None
+    assert handler_span.start_time <= call.start_time <= call.end_time <= handler_span.end_time
+    assert not trace.get_current_span().get_span_context().is_valid  # nothing left current
+
+
+def test_an_interrupted_handler_still_ends_its_span_and_restores_the_context(
+    db: Database, otel: Sdk
+) -> None:
+    ok, _, message_type = names()
+    inbox = Inbox(db.sessions)
+
+    @inbox.handler(message_type, name=ok)
+    def interrupted(message: Message, session: Session) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        inbox.process(Message(id=uuid7(), type=message_type, body={"ref": "r"}))
+
+    [span] = otel.spans(f"handler {ok}")
+    assert span.attributes is not None
+    assert span.attributes["inbox.outcome"] == "failed"
+    assert span.attributes["error.type"] == "KeyboardInterrupt"
+    assert span.end_time is not None
+    assert not trace.get_current_span().get_span_context().is_valid
+
+
 def test_a_garbled_traceparent_starts_a_new_trace_instead_of_failing(
     db: Database, otel: Sdk
 ) -> None:
@@ -260,7 +317,8 @@ def test_the_async_inbox_records_the_same(pg_db: Database, otel: Sdk) -> None:
 
             @inbox.handler(message_type, name=ok)
             async def apply(message: Message, session: AsyncSession) -> None:
-                await async_record_effect(message, session, ok)
+                with trace.get_tracer("tests.handler").start_as_current_span(f"call-{ok}"):
+                    await async_record_effect(message, session, ok)
 
             @inbox.handler(message_type, name=bad)
             async def refuse(message: Message, session: AsyncSession) -> None:
@@ -281,6 +339,11 @@ def test_the_async_inbox_records_the_same(pg_db: Database, otel: Sdk) -> None:
         "processed",
         "duplicate",
     ]
+    [call] = otel.spans(f"call-{ok}")  # the first delivery's; the second is a duplicate
+    first = otel.spans(f"handler {ok}")[0]
+    assert call.parent is not None
+    assert first.context is not None
+    assert call.parent.span_id == first.context.span_id
 
 
 def test_effects_are_counted_by_outcome(pg_db: Database, otel: Sdk) -> None:

@@ -58,10 +58,14 @@ def test_the_trace_goes_through_the_outbox_and_the_relay_to_the_next_consumer(
     run_until_idle(Worker(inbox, rabbit.url, [shipments]), IDLE)  # a worker runs once
 
     [ordered] = otel.spans(f"process {orders}")
+    [shipping] = otel.spans(f"handler ship-order-{tag}")
     [shipped] = otel.spans(f"process {shipments}")
     assert ordered.context is not None
+    assert shipping.context is not None
+    assert shipping.parent is not None
+    assert shipping.parent.span_id == ordered.context.span_id
     assert shipped.context is not None
     assert shipped.context.trace_id == root.get_span_context().trace_id
     assert shipped.parent is not None
-    assert shipped.parent.span_id == ordered.context.span_id  # written while handling it
+    assert shipped.parent.span_id == shipping.context.span_id  # written by the handler
     assert pg_db.effect_counts() == {("o1", "ship-order"): 1, ("s1", "track"): 1}

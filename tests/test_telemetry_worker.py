@@ -105,14 +105,18 @@ def test_the_trace_goes_on_through_a_handlers_publish_to_the_next_consumer(
     [outer] = otel.spans(f"process {first}")
     [inner_send] = otel.spans(f"send {second}")
     [inner] = otel.spans(f"process {second}")
+    [forwarding] = otel.spans(f"handler forward-{tag}")
     [shipped] = otel.spans(f"handler ship-{tag}")
-    for span in (outer, inner_send, inner, shipped):
+    for span in (outer, forwarding, inner_send, inner, shipped):
         assert span.context is not None
         assert span.context.trace_id == trace_id
     assert outer.context is not None
+    assert forwarding.context is not None
+    assert forwarding.parent is not None
+    assert forwarding.parent.span_id == outer.context.span_id
     assert inner_send.context is not None
     assert inner_send.parent is not None
-    assert inner_send.parent.span_id == outer.context.span_id  # sent while handling
+    assert inner_send.parent.span_id == forwarding.context.span_id  # sent by the handler
     assert inner.parent is not None
     assert inner.parent.span_id == inner_send.context.span_id
 

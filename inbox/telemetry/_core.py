@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from inbox.result import Outcome
@@ -20,6 +21,7 @@ from inbox.telemetry._context import extract_context
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
     from inbox.message import Message
 
@@ -30,6 +32,8 @@ T = TypeVar("T")
 
 FAILED = "failed"
 """The ``inbox.outcome`` of a handler run that was rolled back."""
+
+_UNTRACED: AbstractContextManager[None] = nullcontext()
 
 
 def message_time(message_id: uuid.UUID) -> float | None:
@@ -46,6 +50,8 @@ class MessageWatch:
     :meth:`done` and :meth:`failed` time a handler from the previous mark (``process()``
     settles handlers one after another); :meth:`settled` counts every outcome once and
     times the handlers nobody reported, as a batch commits them: by the whole settlement.
+    Around a handler's run, :meth:`running` makes its span the current one, so the spans
+    the handler makes (an HTTP call, an instrumented query) are its children.
     """
 
     __slots__ = (
@@ -54,6 +60,7 @@ class MessageWatch:
         "_mark",
         "_message",
         "_metrics",
+        "_open",
         "_parent",
         "_start",
         "_timed",
@@ -67,8 +74,35 @@ class MessageWatch:
         self._start = self._mark = (time.perf_counter(), time.time_ns())
         self._timed: set[str] = set()
         self._parent: Context | None = None
+        self._open: dict[str, Span] = {}
         self._metrics = metering()
         self._traces = tracing()
+
+    def running(self, handler: str) -> AbstractContextManager[None]:
+        """Around ``handler``'s run (every attempt of it): its span, opened now and current
+        until :meth:`done` or :meth:`failed` ends it. Nothing without tracing."""
+        return self._current_span(handler) if self._traces else _UNTRACED
+
+    @contextmanager
+    def _current_span(self, handler: str) -> Iterator[None]:
+        from opentelemetry import context, trace
+
+        span = self._instruments.tracer.start_span(
+            f"handler {handler}",
+            context=self._parent_context(),
+            attributes=self._span_attributes(handler),
+        )
+        self._open[handler] = span
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            yield
+        except BaseException as interrupt:
+            # Not settled (KeyboardInterrupt, a cancelled task): the span still ends.
+            self._end(handler, FAILED, interrupt, time.time_ns())
+            raise
+        finally:
+            context.detach(token)
+            self._open.pop(handler, None)
 
     def done(self, handler: str, outcome: Outcome) -> None:
         """``handler`` committed (PROCESSED) or was a duplicate, just now."""
@@ -110,27 +144,32 @@ class MessageWatch:
                 age = max(0.0, now[1] / 1e9 - made)
                 ins.message_age.record(age, {**self._attributes, n.HANDLER: handler})
         if self._traces:
-            self._span(handler, outcome, error, since[1], now[1])
+            if handler not in self._open:  # a batch's handler: its span is made afterwards
+                self._open[handler] = self._instruments.tracer.start_span(
+                    f"handler {handler}",
+                    context=self._parent_context(),
+                    attributes=self._span_attributes(handler),
+                    start_time=since[1],
+                )
+            self._end(handler, outcome, error, now[1])
         self._timed.add(handler)
         self._mark = now
 
-    def _span(
-        self, handler: str, outcome: str, error: BaseException | None, start: int, end: int
-    ) -> None:
-        from opentelemetry import trace
+    def _span_attributes(self, handler: str) -> dict[str, str]:
+        return {
+            n.HANDLER: handler,
+            n.MESSAGE_TYPE: self._attributes[n.MESSAGE_TYPE],
+            n.MESSAGE_ID: str(self._message.id),
+        }
 
-        span = self._instruments.tracer.start_span(
-            f"handler {handler}",
-            context=self._parent_context(),
-            attributes={
-                n.HANDLER: handler,
-                n.MESSAGE_TYPE: self._attributes[n.MESSAGE_TYPE],
-                n.MESSAGE_ID: str(self._message.id),
-                n.OUTCOME: outcome,
-            },
-            start_time=start,
-        )
+    def _end(self, handler: str, outcome: str, error: BaseException | None, end: int) -> None:
+        span = self._open.pop(handler, None)
+        if span is None:
+            return
+        span.set_attribute(n.OUTCOME, outcome)
         if error is not None:
+            from opentelemetry import trace
+
             # The class only: a message could carry SQL parameters (row data).
             span.set_attribute(n.ERROR_TYPE, _kind(error))
             span.set_status(trace.StatusCode.ERROR, _kind(error))

@@ -87,12 +87,7 @@ class MessageWatch:
     def _current_span(self, handler: str) -> Iterator[None]:
         from opentelemetry import context, trace
 
-        span = self._instruments.tracer.start_span(
-            f"handler {handler}",
-            context=self._parent_context(),
-            attributes=self._span_attributes(handler),
-        )
-        self._open[handler] = span
+        span = self._open[handler] = self._start_span(handler, None)
         token = context.attach(trace.set_span_in_context(span))
         try:
             yield
@@ -145,22 +140,23 @@ class MessageWatch:
                 ins.message_age.record(age, {**self._attributes, n.HANDLER: handler})
         if self._traces:
             if handler not in self._open:  # a batch's handler: its span is made afterwards
-                self._open[handler] = self._instruments.tracer.start_span(
-                    f"handler {handler}",
-                    context=self._parent_context(),
-                    attributes=self._span_attributes(handler),
-                    start_time=since[1],
-                )
+                self._open[handler] = self._start_span(handler, since[1])
             self._end(handler, outcome, error, now[1])
         self._timed.add(handler)
         self._mark = now
 
-    def _span_attributes(self, handler: str) -> dict[str, str]:
-        return {
-            n.HANDLER: handler,
-            n.MESSAGE_TYPE: self._attributes[n.MESSAGE_TYPE],
-            n.MESSAGE_ID: str(self._message.id),
-        }
+    def _start_span(self, handler: str, start_time: int | None) -> Span:
+        """``handler``'s span, started at ``start_time`` (epoch ns; None: now)."""
+        return self._instruments.tracer.start_span(
+            f"handler {handler}",
+            context=self._parent_context(),
+            attributes={
+                n.HANDLER: handler,
+                n.MESSAGE_TYPE: self._attributes[n.MESSAGE_TYPE],
+                n.MESSAGE_ID: str(self._message.id),
+            },
+            start_time=start_time,
+        )
 
     def _end(self, handler: str, outcome: str, error: BaseException | None, end: int) -> None:
         span = self._open.pop(handler, None)

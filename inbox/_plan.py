@@ -74,14 +74,15 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
     """
     if not isinstance(message, Message):
         raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
-    handlers = registry.for_type(message.type)
+    handlers: Sequence[RegisteredHandler] = registry.for_type(message.type)
     if not handlers:
         if on_unhandled is Unhandled.RAISE:
             raise UnhandledMessage(message.id, message.type)
         logger.info("message %s of type %r ignored: no handler", message.id, message.type)
         return ProcessResult(message.id, {})
-    bound = _with_bodies(message, handlers)
-    return Planned(message, bound, [handler.claim_key(message) for handler in bound])
+    if registry.typed:
+        handlers = _with_bodies(message, handlers)
+    return Planned(message, handlers, [handler.claim_key(message) for handler in handlers])
 
 
 def _with_bodies(
@@ -122,23 +123,25 @@ class Settlement:
     message: Message
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: dict[str, Exception] = field(default_factory=dict)
-    _watch: MessageWatch | None = field(init=False, repr=False, compare=False)
+    watch: MessageWatch | None = field(init=False, repr=False, compare=False)
+    """The message's telemetry (None without OpenTelemetry): with tracing, its
+    ``running(handler)`` makes the handler's span current around its run, retries included."""
 
     def __post_init__(self) -> None:
-        self._watch = watch(self.message)  # None without OpenTelemetry
+        self.watch = watch(self.message)
 
     def running(self, handler: str) -> AbstractContextManager[None]:
         """Around ``handler``'s run, retries included: with tracing, its span is the
         current one (see :meth:`inbox.telemetry._core.MessageWatch.running`)."""
-        if self._watch is None:
+        if self.watch is None:
             return _UNWATCHED
-        return self._watch.running(handler)
+        return self.watch.running(handler)
 
     def done(self, handler: str, outcome: Outcome) -> None:
         """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
         self.outcomes[handler] = outcome
-        if self._watch is not None:
-            self._watch.done(handler, outcome)
+        if self.watch is not None:
+            self.watch.done(handler, outcome)
         if outcome is Outcome.DUPLICATE:
             logger.info(
                 "duplicate skipped: message %s (type %r) already processed by %s",
@@ -154,8 +157,8 @@ class Settlement:
     def failed(self, handler: str, error: Exception) -> None:
         """Record a handler whose transaction was rolled back."""
         self.failures[handler] = error
-        if self._watch is not None:
-            self._watch.failed(handler, error)
+        if self.watch is not None:
+            self.watch.failed(handler, error)
         logger.warning(
             "handler %s failed on message %s (type %r); its transaction was rolled back",
             handler,
@@ -168,8 +171,8 @@ class Settlement:
         """The result, or :class:`~inbox.HandlerFailed` (chained from the first failure)
         when a handler failed: the others' outcomes are in its ``result``."""
         result = ProcessResult(self.message.id, dict(self.outcomes))
-        if self._watch is not None:
-            self._watch.settled(self.outcomes, self.failures)
+        if self.watch is not None:
+            self.watch.settled(self.outcomes, self.failures)
         if self.failures:
             first = next(iter(self.failures.values()))
             raise HandlerFailed(self.message.id, self.failures, result) from first

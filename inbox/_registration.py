@@ -13,10 +13,10 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
 
+from inbox._backends import Claims
 from inbox._batch_handlers import check_batch_handler, one_element
 from inbox._bodies import body_parser
-from inbox._claim import Claims
-from inbox._commit_guard import Guards, transaction_guards
+from inbox._guards import Guards, transaction_guards
 from inbox._handlers import (
     KeyFunc,
     RegisteredHandler,

@@ -19,7 +19,7 @@ from inbox._middleware import wrap_delivery
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
 from inbox._retry import run_with_retries
-from inbox._session_checks import check_session_factory
+from inbox._sessions import check_session_factory
 from inbox._transaction import HandlerTransaction
 from inbox.errors import InboxError
 from inbox.message import Message
@@ -262,26 +262,43 @@ class Inbox(InboxBase[Session]):
     def _settle(self, planned: Planned) -> ProcessResult:
         message = planned.message
         settlement = Settlement(message)
+        watch = settlement.watch
         for handler, key in zip(planned.handlers, planned.keys, strict=True):
+            if watch is None:
+                self._settle_one(settlement, handler, key, message)
+            else:
+                with watch.running(handler.name):
+                    self._settle_one(settlement, handler, key, message)
+        return settlement.result()
+
+    def _settle_one(
+        self, settlement: Settlement, handler: RegisteredHandler, key: bytes, message: Message
+    ) -> None:
+        try:
+            try:
+                outcome = self._run_once(handler, key, message)
+            except Exception as exc:
+                failure = exc
+            else:
+                settlement.done(handler.name, outcome)
+                return
+            # Outside the except block: a later attempt's error must not chain to this one.
             run = functools.partial(self._run_once, handler, key, message)
             what = functools.partial(describe, handler, message)
-            with settlement.running(handler.name):
-                try:
-                    outcome = run_with_retries(run, self._backoff, what)
-                except CONFIGURATION_ERRORS:
-                    raise
-                except Exception as exc:
-                    settlement.failed(handler.name, exc)
-                else:
-                    settlement.done(handler.name, outcome)
-        return settlement.result()
+            outcome = run_with_retries(run, self._backoff, what, failure)
+        except CONFIGURATION_ERRORS:
+            raise
+        except Exception as exc:
+            settlement.failed(handler.name, exc)
+        else:
+            settlement.done(handler.name, outcome)
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         with self._transaction(message) as transaction:
-            if not transaction.claim(key, handler.name):
+            if not transaction.begin_and_claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             transaction.run(handler, message, self._guards[handler.name], key)
-            transaction.commit()
+            transaction.check_and_commit()
         return Outcome.PROCESSED
 
     def _transaction(self, message: Message | None = None) -> HandlerTransaction:

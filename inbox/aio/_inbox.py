@@ -16,7 +16,7 @@ from inbox._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox._middleware import wrap_delivery
 from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
-from inbox._session_checks import check_session_factory
+from inbox._sessions import check_session_factory
 from inbox.aio._batch import AsyncBatchProcessor
 from inbox.aio._effects import AsyncEffectCall, AsyncEffects
 from inbox.aio._retry import run_with_retries
@@ -242,26 +242,43 @@ class AsyncInbox(InboxBase[AsyncSession]):
     async def _settle(self, planned: Planned) -> ProcessResult:
         message = planned.message
         settlement = Settlement(message)
+        watch = settlement.watch
         for handler, key in zip(planned.handlers, planned.keys, strict=True):
+            if watch is None:
+                await self._settle_one(settlement, handler, key, message)
+            else:
+                with watch.running(handler.name):
+                    await self._settle_one(settlement, handler, key, message)
+        return settlement.result()
+
+    async def _settle_one(
+        self, settlement: Settlement, handler: RegisteredHandler, key: bytes, message: Message
+    ) -> None:
+        try:
+            try:
+                outcome = await self._run_once(handler, key, message)
+            except Exception as exc:
+                failure = exc
+            else:
+                settlement.done(handler.name, outcome)
+                return
+            # Outside the except block: a later attempt's error must not chain to this one.
             run = functools.partial(self._run_once, handler, key, message)
             what = functools.partial(describe, handler, message)
-            with settlement.running(handler.name):
-                try:
-                    outcome = await run_with_retries(run, self._backoff, what)
-                except CONFIGURATION_ERRORS:
-                    raise
-                except Exception as exc:
-                    settlement.failed(handler.name, exc)
-                else:
-                    settlement.done(handler.name, outcome)
-        return settlement.result()
+            outcome = await run_with_retries(run, self._backoff, what, failure)
+        except CONFIGURATION_ERRORS:
+            raise
+        except Exception as exc:
+            settlement.failed(handler.name, exc)
+        else:
+            settlement.done(handler.name, outcome)
 
     async def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         async with self._transaction(message) as transaction:
-            if not await transaction.claim(key, handler.name):
+            if not await transaction.begin_and_claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             await transaction.run(handler, message, self._guards[handler.name], key)
-            await transaction.commit()
+            await transaction.check_and_commit()
         return Outcome.PROCESSED
 
     def _transaction(self, message: Message | None = None) -> AsyncHandlerTransaction:

@@ -14,6 +14,7 @@ from typing import Final
 
 from inbox._bodies import BodyRejected
 from inbox._handlers import RegisteredHandler, Registry
+from inbox._oneline import describe_error
 from inbox.errors import (
     HandlerFailed,
     InvalidBody,
@@ -159,12 +160,16 @@ class Settlement:
         self.failures[handler] = error
         if self.watch is not None:
             self.watch.failed(handler, error)
+        # One line per failure; the traceback only at DEBUG (the caller also gets the
+        # error in HandlerFailed, and a worker logs its decision: retry or dead letter).
         logger.warning(
-            "handler %s failed on message %s (type %r); its transaction was rolled back",
+            "handler %s failed on message %s (type %r), rolled back: %s",
             handler,
             self.message.id,
             self.message.type,
-            exc_info=error,
+            describe_error(error),
+            exc_info=error if logger.isEnabledFor(logging.DEBUG) else None,
+            extra={"inbox_error": error},  # for log filters: the error itself
         )
 
     def result(self) -> ProcessResult:

@@ -349,6 +349,42 @@ def test_a_claim_deallocated_under_the_inbox_is_prepared_again(
     assert pg_db.count(effects) == 2 * (WARM_UP + MESSAGES) + 1
 
 
+def test_duplicates_keep_every_prepared_statement_of_the_connection(pg_db: Database) -> None:
+    """A duplicate ends with a ROLLBACK on the libpq connection: psycopg's rollback() would
+    deallocate the application's prepared statements too (it does after any rollback once
+    it prepared one), and every later message would prepare them again."""
+    engine = create_engine(pg_db.url, pool_size=1, max_overflow=0)
+    inbox = inbox_on(engine, 1)
+    repeated = Message.new("order.created", {})
+
+    def prepared() -> set[str]:
+        # Read on the pool's one connection and COMMIT: the pool's reset then has nothing
+        # to roll back (a rollback through psycopg is what deallocates).
+        pooled = engine.raw_connection()
+        try:
+            cursor = pooled.cursor()
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            rows = cursor.fetchall()
+            pooled.commit()
+        finally:
+            pooled.close()
+        return {" ".join(statement.split()) for (statement,) in rows}
+
+    try:
+        for _ in range(WARM_UP):  # the handler's INSERT reaches psycopg's threshold
+            inbox.process(Message.new("order.created", {}))
+        inbox.process(repeated)
+        before = prepared()
+        for _ in range(5):
+            assert inbox.process(repeated).outcome is Outcome.DUPLICATE
+        after = prepared()
+    finally:
+        engine.dispose()
+    assert any(s.startswith("INSERT INTO effects") for s in before), before
+    assert any(s.startswith("INSERT INTO inbox_message") for s in before), before
+    assert after == before
+
+
 def test_a_session_whose_default_is_read_only_still_catches_a_rollback_in_a_handler(
     pg_db: Database,
 ) -> None:

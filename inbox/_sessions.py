@@ -11,7 +11,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
-from inbox._backends import check_supported
+from inbox._backends._claims import check_supported
 from inbox.errors import SessionConfigurationError
 
 __all__ = [

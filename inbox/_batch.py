@@ -18,8 +18,9 @@ from typing import Any, TypeAlias
 from inbox._batch_handlers import batched
 from inbox._guards import Guards
 from inbox._handlers import RegisteredHandler, Registry
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement
 from inbox._retry import Backoff, is_transient, run_with_retries
+from inbox._routing import CONFIGURATION_ERRORS, Planned
+from inbox._settlement import Settlement
 from inbox._transaction import HandlerTransaction
 from inbox.errors import ClaimCommittedEarly, HandlerFailed, InboxError
 from inbox.message import Message

@@ -26,8 +26,8 @@ from inbox._handlers import (
     validate_name,
 )
 from inbox._middleware import check_layers, wrap_handler
-from inbox._plan import Planned, plan
 from inbox._retry import Backoff
+from inbox._routing import Planned, plan
 from inbox.errors import RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult, Unhandled

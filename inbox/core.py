@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
@@ -16,10 +16,10 @@ from inbox._effect_ledger import EffectMode
 from inbox._effects import EffectCall, Effects
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox._middleware import wrap_delivery
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
-from inbox._retry import run_with_retries
+from inbox._routing import CONFIGURATION_ERRORS, Planned, require_messages
 from inbox._sessions import check_session_factory
+from inbox._settlement import Failed, Pause, Run, advance, settle
 from inbox._transaction import HandlerTransaction
 from inbox.errors import InboxError
 from inbox.message import Message
@@ -260,38 +260,17 @@ class Inbox(InboxBase[Session]):
         return self._effects.run(step, call, mode)
 
     def _settle(self, planned: Planned) -> ProcessResult:
-        message = planned.message
-        settlement = Settlement(message)
-        watch = settlement.watch
-        for handler, key in zip(planned.handlers, planned.keys, strict=True):
-            if watch is None:
-                self._settle_one(settlement, handler, key, message)
-            else:
-                with watch.running(handler.name):
-                    self._settle_one(settlement, handler, key, message)
-        return settlement.result()
+        # The decisions are settle()'s (inbox/_settlement.py); here they are carried out.
+        steps, reply = settle(planned, self._backoff), None
+        while not isinstance(step := advance(steps, reply), ProcessResult):
+            reply = self._attempt(step) if isinstance(step, Run) else _pause(step)
+        return step
 
-    def _settle_one(
-        self, settlement: Settlement, handler: RegisteredHandler, key: bytes, message: Message
-    ) -> None:
+    def _attempt(self, run: Run) -> Outcome | Failed:
         try:
-            try:
-                outcome = self._run_once(handler, key, message)
-            except Exception as exc:
-                failure = exc
-            else:
-                settlement.done(handler.name, outcome)
-                return
-            # Outside the except block: a later attempt's error must not chain to this one.
-            run = functools.partial(self._run_once, handler, key, message)
-            what = functools.partial(describe, handler, message)
-            outcome = run_with_retries(run, self._backoff, what, failure)
-        except CONFIGURATION_ERRORS:
-            raise
-        except Exception as exc:
-            settlement.failed(handler.name, exc)
-        else:
-            settlement.done(handler.name, outcome)
+            return self._run_once(run.handler, run.key, run.message)
+        except BaseException as exc:  # settle() raises an exit exception again
+            return Failed(exc)
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         with self._transaction(message) as transaction:
@@ -303,3 +282,8 @@ class Inbox(InboxBase[Session]):
 
     def _transaction(self, message: Message | None = None) -> HandlerTransaction:
         return HandlerTransaction(self._new_session(message), self._claims, self)
+
+
+def _pause(pause: Pause) -> Failed | None:
+    time.sleep(pause.seconds)
+    return None

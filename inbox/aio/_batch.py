@@ -21,8 +21,9 @@ from inbox._batch import (
 from inbox._batch_handlers import batched
 from inbox._guards import Guards
 from inbox._handlers import Registry
-from inbox._plan import Planned, Settlement
 from inbox._retry import Backoff
+from inbox._routing import Planned
+from inbox._settlement import Settlement
 from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.errors import HandlerFailed

@@ -1,6 +1,6 @@
 """What the core records: each handler's outcome, time and span, claim times, message age.
 
-:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._plan.Settlement`
+:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._settlement.Settlement`
 feeds with outcomes as they come in; :func:`claim_timer` times the claim statement. Without
 OpenTelemetry, or until an SDK is configured, both return None: the core pays a call.
 """

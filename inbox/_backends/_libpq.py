@@ -33,9 +33,10 @@ _PIPELINE_SYNC: Final = 10
 _PIPELINE_OFF: Final = 0
 _BINARY: Final = 1
 _TEXT: Final = 0
-CLAIM_FORMATS: Final = (_BINARY, _TEXT, _TEXT)
+# Lists, not tuples: psycopg 3.1's libpq wrapper takes nothing else.
+CLAIM_FORMATS: Final = [_BINARY, _TEXT, _TEXT]
 """The claim's parameters: the 16-byte key in binary, the handler and instant as text."""
-CLAIM_TYPES: Final = (17, 1043, 1184)
+CLAIM_TYPES: Final = [17, 1043, 1184]
 """Their types: bytea, varchar, timestamptz."""
 
 

@@ -171,11 +171,11 @@ class PsycopgBackend(Backend):
             parse = prepared is None or name not in prepared
         encoding = pgconn.parameter_status(b"client_encoding")
         key, handler, at = row
-        params = (
+        params = [
             key,
             handler.encode() if encoding == _UTF8 else handler.encode(driver.info.encoding),
             at.isoformat().encode(),
-        )
+        ]
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("BEGIN and %s in one round trip: %r", text.name or b"claim", params)
         begin = _begin_statement(driver)

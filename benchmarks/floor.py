@@ -14,7 +14,8 @@ gives the median µs per message and each variant's difference to the raw driver
 * ``core + claim``: SQLAlchemy Core, ``engine.begin()``, the claim then the insert;
 * ``session``: the plain ORM ``Session`` transaction (what S1 calls plain-1);
 * ``inbox``: ``Inbox.process`` with the same one-row handler;
-* ``select-1``: one ``SELECT 1`` through a session, the unit S1 counts in.
+* ``select-1``: one ``SELECT 1`` through a session (in an open transaction), the price of
+  one round trip: the unit S1 counts in.
 """
 
 from __future__ import annotations
@@ -148,9 +149,11 @@ def measure(
         if inbox.process(Message.new("bench", params())).outcome is not Outcome.PROCESSED:
             raise AssertionError("not processed")
 
-    def select_one() -> None:
-        with sessions() as s, s.begin():
-            s.execute(text("SELECT 1")).scalar_one()
+    select_session = sessions()
+    select_session.begin()
+
+    def select_one() -> None:  # one statement of a long transaction, as S1's unit
+        select_session.execute(text("SELECT 1")).scalar_one()
 
     steps = dict(
         zip(
@@ -172,6 +175,7 @@ def measure(
             for _ in range(messages):
                 step()
             samples[name].append((time.perf_counter() - started) / messages * 1e6)
+    select_session.close()
     pooled.close()
     return samples
 

@@ -49,6 +49,7 @@ _KEPT_PROPERTIES: Final = (
 _TRIMMED_KEEPS: Final = (
     h.TRIES,
     h.FIRST_FAILURE,
+    h.ORIGINAL_FIRST_FAILURE,
     h.LAST_FAILURE,
     h.ERROR,
     h.FAILED_HANDLERS,
@@ -295,8 +296,10 @@ def _too_large(delivery: Delivery, extra: Mapping[str, Any]) -> dict[str, Any]:
         + (f"; it was for: {extra[h.REASON]}" if h.REASON in extra else "")
         + (f"; latest failure: {extra[h.ERROR]}" if h.ERROR in extra else "")
     )
-    if "compression" in sent_headers(delivery):
-        headers["compression"] = sent_headers(delivery)["compression"]
+    own = sent_headers(delivery)
+    for name in ("compression", h.ORIGINAL_FIRST_FAILURE):  # the body's decoding; its age
+        if name in own:
+            headers[name] = own[name]
     source = extra.get(h.SOURCE_QUEUE)
     if source is not None:
         headers[h.SOURCE_QUEUE] = source

@@ -24,10 +24,13 @@ from inbox._effect_ledger import (
     Ledger,
     Stored,
     effect_key,
+    is_version_1,
     parse_mode,
     validate_step,
+    version_1_key,
 )
 from inbox._effect_run import HandlerRun, current_run
+from inbox._effect_tenant import tenant_of
 from inbox._retry import Backoff, is_transient, run_with_retries
 from inbox.errors import EffectError, UnsupportedDialect
 from inbox.schema import resolve_effect_table
@@ -66,10 +69,16 @@ def refuse_sqlite_claim_store(store_url: object, claim_engine: Engine, has_own: 
 
 
 def begin_effect(
-    owner: object, step: object, call: object, mode: object
+    owner: object, step: object, call: object, mode: object, *, tenants: bool, shared_store: bool
 ) -> tuple[HandlerRun, EffectRef, EffectMode]:
     """Check ``effect()``'s arguments and that a handler of ``owner`` runs here; name the
-    effect. Raises before anything is written."""
+    effect. Raises before anything is written.
+
+    ``tenants``: ``owner`` takes its sessions per message (``sessions_for``), so the run's
+    tenant is part of the effect. ``shared_store``: the records of every tenant share one
+    store, where a record of an earlier version (keyed without the tenant) cannot be told
+    to be this tenant's, so it is not looked for.
+    """
     checked_mode = parse_mode(mode)
     checked_step = validate_step(step)
     if not callable(call):
@@ -81,8 +90,14 @@ def begin_effect(
             "inside its own call: nothing was called a second time. Use another step name "
             "for a nested effect"
         )
-    key = effect_key(run.claim_key, run.handler, checked_step)
-    return run, EffectRef(key, run.claim_key, run.handler, checked_step), checked_mode
+    tenant = tenant_of(run.connection, per_message_sessions=tenants)
+    key = effect_key(run.claim_key, run.handler, checked_step, tenant)
+    legacy = None
+    shared = tenant is not None and shared_store
+    if not shared and not is_version_1(run.handler, checked_step, tenant):
+        legacy = version_1_key(run.claim_key, run.handler, checked_step)
+    ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
+    return run, ref, checked_mode
 
 
 def encode_result(ref: EffectRef, result: object) -> tuple[str | None, EffectError | None]:
@@ -129,7 +144,13 @@ class Effects:
     """The effects of one blocking inbox: its ledger, its store, its retry policy."""
 
     def __init__(
-        self, owner: object, store: Engine | None, table: str | Table, backoff: Backoff
+        self,
+        owner: object,
+        store: Engine | None,
+        table: str | Table,
+        backoff: Backoff,
+        *,
+        tenants: bool = False,
     ) -> None:
         if store is not None:
             if not isinstance(store, Engine):
@@ -142,18 +163,23 @@ class Effects:
                 raise TypeError("effect_store of a blocking Inbox must be a blocking Engine")
         self._owner = owner
         self._store = store
+        self._tenants = tenants
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
 
     def run(self, step: object, call: EffectCall, mode: object) -> Any:
         """``Inbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(self._owner, step, call, mode)
+        run, ref, checked_mode = begin_effect(
+            self._owner, step, call, mode, tenants=self._tenants, shared_store=bool(self._store)
+        )
         if inspect.iscoroutinefunction(call):
             raise EffectError(
                 f"effect {ref.step!r}: call is a coroutine function; the blocking Inbox cannot "
                 "await it (use inbox.aio.AsyncInbox and 'await inbox.effect(...)')"
             )
         engine = self._engine(run)
+        if ref.legacy is not None:
+            ref = self._retrying(ref, lambda: self._resolve(engine, ref))
         at = now()
         begun = self._retrying(ref, lambda: self._start(engine, ref, checked_mode, at))
         if isinstance(begun, Stored):
@@ -194,6 +220,10 @@ class Effects:
             None if store is None else store.url, claim_engine, store is not None
         )
         return claim_engine if store is None else store
+
+    def _resolve(self, engine: Engine, ref: EffectRef) -> EffectRef:
+        with engine.connect() as connection:
+            return self.ledger.resolve(connection, ref)
 
     def _start(
         self, engine: Engine, ref: EffectRef, mode: EffectMode, at: dt.datetime

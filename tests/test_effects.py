@@ -4,6 +4,7 @@ get the stored result, and each mode resolves an unfinished effect as documented
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from inbox import (
     UncertainEffect,
     UnsupportedDialect,
 )
-from inbox.schema import effect_table, metadata
+from inbox.schema import effect_table, inbox_effect, metadata
 
 
 class Setup:
@@ -499,3 +500,78 @@ def test_a_result_the_database_refuses_is_never_called_again(server_db: Database
     with server_db.engine.connect() as connection:
         row = connection.execute(narrow.select()).one()
     assert (row.status, row.result) == ("done", None)
+
+
+def v2_key(claim_key: bytes, tenant: str, handler: str, step: str) -> uuid.UUID:
+    """The documented version-2 effect key (docs/effects.md), computed independently."""
+    fields = (claim_key.hex(), tenant, handler, step)
+    return uuid.uuid5(KEY_NAMESPACE, "v2" + "".join(f":{len(f.encode())}:{f}" for f in fields))
+
+
+def colliding_handlers(setup: Setup) -> dict[str, Any]:
+    """Handlers ``notify`` (step ``sms:customer``) and ``notify:sms`` (step ``customer``):
+    one effect each, the result each got kept by handler name."""
+    got: dict[str, Any] = {}
+
+    def make(handler: str, step: str) -> None:
+        @setup.inbox.handler("sms.requested", name=handler)
+        def send(message: Message, session: Session) -> None:
+            got[handler] = setup.inbox.effect(step, setup.provider.send)
+
+    make("notify", "sms:customer")
+    make("notify:sms", "customer")
+    return got
+
+
+def test_handler_and_step_names_with_colons_never_make_one_effect_of_two(setup: Setup) -> None:
+    """Regression: the key was uuid5(f"{claim}:{handler}:{step}"), so handler 'notify' with
+    step 'sms:customer' was the same effect as handler 'notify:sms' with step 'customer':
+    the second was never called and got the first one's stored result."""
+    got = colliding_handlers(setup)
+    message = order("m1", "sms.requested")
+    assert set(setup.inbox.process(message).outcomes.values()) == {Outcome.PROCESSED}
+
+    claim = message.id.bytes
+    assert sorted(setup.provider.calls) == sorted(
+        [v2_key(claim, "", "notify", "sms:customer"), v2_key(claim, "", "notify:sms", "customer")]
+    )
+    assert got["notify"] != got["notify:sms"]
+    stored = {(r["handler"], r["step"]): r["status"] for r in setup.records()}
+    assert stored == {("notify", "sms:customer"): "done", ("notify:sms", "customer"): "done"}
+
+
+def test_a_record_written_under_a_version_1_key_stays_valid_for_its_own_effect_only(
+    setup: Setup,
+) -> None:
+    """Effects whose handler or step holds a ':' have a new key. A record an earlier version
+    wrote for one is still found by that effect (the record's handler and step say whose it
+    is), never by the other effect that shared its version-1 key."""
+    got = colliding_handlers(setup)
+    message = order("m1", "sms.requested")
+    v1 = uuid.uuid5(KEY_NAMESPACE, f"{message.id.bytes.hex()}:notify:sms:customer")
+    now = dt.datetime.now(dt.UTC)
+    with store_of(setup.db, setup.store).begin() as connection:
+        connection.execute(
+            insert(inbox_effect).values(
+                effect_key=v1,
+                claim_key=message.id,
+                handler="notify",
+                step="sms:customer",
+                status="done",
+                attempts=1,
+                result='{"id": "sent-before-the-upgrade"}',
+                started_at=now,
+                updated_at=now,
+            )
+        )
+
+    setup.inbox.process(message)
+
+    assert got["notify"] == {"id": "sent-before-the-upgrade"}  # no call: it was made
+    assert setup.provider.calls == [v2_key(message.id.bytes, "", "notify:sms", "customer")]
+    assert got["notify:sms"]["key"] == str(setup.provider.calls[0])
+    keys = {(r["handler"], r["step"]): r["effect_key"] for r in setup.records()}
+    assert keys == {
+        ("notify", "sms:customer"): v1,
+        ("notify:sms", "customer"): setup.provider.calls[0],
+    }

@@ -4,6 +4,7 @@ awaited between its writes, cancellation recorded."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,15 @@ from support.databases import effects
 from support.effects import order
 from support.ledger import Provider, records
 
-from inbox import EffectError, HandlerFailed, Message, Outcome, UncertainEffect, UnsupportedDialect
+from inbox import (
+    KEY_NAMESPACE,
+    EffectError,
+    HandlerFailed,
+    Message,
+    Outcome,
+    UncertainEffect,
+    UnsupportedDialect,
+)
 from inbox.aio import AsyncInbox
 from inbox.schema import inbox_effect, metadata
 
@@ -213,3 +222,56 @@ def test_aiosqlite_without_an_effect_store_of_its_own_says_what_to_do(tmp_path: 
         await engine.dispose()
 
     run(main())
+
+
+def test_colon_names_are_two_effects_and_a_version_1_record_stays_valid_awaited(
+    adb: AsyncDatabase, tmp_path: Path
+) -> None:
+    """The key encoding and the version-1 records through run_sync: handler 'notify' with
+    step 'sms:customer' and handler 'notify:sms' with step 'customer' are two effects, and
+    a record an earlier version wrote for the first is found by it alone."""
+    provider = Provider()
+    got: dict[str, Any] = {}
+    message = order("m1", "sms.requested")
+    v1 = uuid.uuid5(KEY_NAMESPACE, f"{message.id.bytes.hex()}:notify:sms:customer")
+
+    async def main() -> None:
+        store = await store_for(adb, tmp_path)
+        async with adb.engine() as engine:
+            target = engine if store is None else store
+            async with target.begin() as connection:
+                now = dt.datetime.now(dt.UTC)
+                await connection.execute(
+                    insert(inbox_effect).values(
+                        effect_key=v1,
+                        claim_key=message.id,
+                        handler="notify",
+                        step="sms:customer",
+                        status="done",
+                        attempts=1,
+                        result='{"id": "old"}',
+                        started_at=now,
+                        updated_at=now,
+                    )
+                )
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+            for handler, step in (("notify", "sms:customer"), ("notify:sms", "customer")):
+
+                async def send(
+                    message: Message,
+                    session: AsyncSession,
+                    handler: str = handler,
+                    step: str = step,
+                ) -> None:
+                    got[handler] = await inbox.effect(step, provider.send)
+
+                inbox.handler("sms.requested", name=handler)(send)
+            assert await deliver(inbox, message) is Outcome.PROCESSED
+        if store is not None:
+            await store.dispose()
+
+    run(main())
+    assert got["notify"] == {"id": "old"}
+    [key] = provider.calls
+    assert key != v1
+    assert got["notify:sms"]["key"] == str(key)

@@ -42,7 +42,13 @@ class AsyncEffects:
     """The effects of one async inbox: its ledger, its store, its retry policy."""
 
     def __init__(
-        self, owner: object, store: AsyncEngine | None, table: str | Table, backoff: Backoff
+        self,
+        owner: object,
+        store: AsyncEngine | None,
+        table: str | Table,
+        backoff: Backoff,
+        *,
+        tenants: bool = False,
     ) -> None:
         if store is not None:
             if not isinstance(store, AsyncEngine):
@@ -53,14 +59,22 @@ class AsyncEffects:
             check_supported(store.dialect)
         self._owner = owner
         self._store = store
+        self._tenants = tenants
         self._proxies: dict[int, AsyncEngine] = {}
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
 
     async def run(self, step: object, call: AsyncEffectCall, mode: object) -> Any:
         """``AsyncInbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(self._owner, step, call, mode)
+        run, ref, checked_mode = begin_effect(
+            self._owner, step, call, mode, tenants=self._tenants, shared_store=bool(self._store)
+        )
         engine = self._engine(run)
+        if ref.legacy is not None:
+            legacy = ref
+            ref = await self._retrying(
+                legacy, lambda: self._on(engine, self.ledger.resolve, legacy)
+            )
         at = now()
         start = self.ledger.start
         begun: Call | Stored = await self._retrying(

@@ -40,6 +40,7 @@ __all__ = [
     "EffectMode",
     "EffectRef",
     "Ledger",
+    "ResultTooLarge",
     "Stored",
     "effect_key",
     "is_version_1",
@@ -50,6 +51,13 @@ __all__ = [
 
 STEP_MAX_LENGTH: Final = HANDLER_NAME_MAX_LENGTH
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
+_MYSQL_FAMILY: Final = frozenset({"mysql", "mariadb"})
+# Results shorter than this are sent without looking at max_allowed_packet (whose least
+# value on a server is 1 KiB, and default 16 MiB or more).
+_PACKET_CHECK_FROM: Final = 64 * 1024
+# The UPDATE around the result, and its other parameters, on the wire.
+_STATEMENT_OVERHEAD: Final = 1024
+_MAX_PACKET_INFO: Final = "inbox_max_allowed_packet"
 STARTED: Final = "started"
 DONE: Final = "done"
 FAILED: Final = "failed"
@@ -140,6 +148,12 @@ class EffectRef:
     handler: str
     step: str
     legacy: uuid.UUID | None = None
+
+
+class ResultTooLarge(Exception):
+    """A result the database would refuse to take: on MySQL/MariaDB, a statement over the
+    connection's ``max_allowed_packet`` (the server would drop the connection, which looks
+    like a transient error, rather than answer). Nothing was sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +254,9 @@ class Ledger:
                         ref.step,
                         status=status,
                         attempts=attempts,
-                        why="it was made, but its result could not be stored as JSON, so the "
-                        "handler cannot be given it and it must not be made again",
+                        why="it was made, but its result could not be stored (not JSON, or "
+                        "refused by the database as too large), so the handler cannot be given "
+                        "it and it must not be made again",
                     )
                 return Stored(result)
             if status == STARTED and updated_at == at:
@@ -269,6 +284,8 @@ class Ledger:
     ) -> bool:
         """Record ``attempt`` done with ``result`` (None: made, but the result could not be
         stored); False if a later attempt has taken the record over."""
+        if result is not None and len(result) >= _PACKET_CHECK_FROM:
+            _check_packet_size(connection, result)
         params = {"k": ref.key, "attempt": attempt, "result": result, "at": at}
         written = self._write_end(connection, self._done, params)
         if written:
@@ -326,6 +343,26 @@ class Ledger:
                 return False
             raise
         return True
+
+
+def _check_packet_size(connection: Connection, result: str) -> None:
+    """On MySQL/MariaDB, raise :class:`ResultTooLarge` before sending a statement with
+    ``result`` that the connection's ``max_allowed_packet`` would not take (read once per
+    connection). The result is ASCII JSON; its quotes and backslashes go escaped."""
+    if connection.dialect.name not in _MYSQL_FAMILY:
+        return
+    limit = connection.info.get(_MAX_PACKET_INFO)
+    if not isinstance(limit, int):
+        read = connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar()
+        limit = connection.info[_MAX_PACKET_INFO] = int(read or 0)
+        connection.rollback()  # the read began a transaction: end it before the write
+    escaped = sum(result.count(quote) for quote in ("'", '"', "\\"))
+    size = len(result) + escaped + _STATEMENT_OVERHEAD
+    if limit and size > limit:
+        raise ResultTooLarge(
+            f"the result takes about {size} bytes on the wire, more than the connection's "
+            f"max_allowed_packet ({limit} bytes)"
+        )
 
 
 def _one_round_trip(connection: Connection) -> None:

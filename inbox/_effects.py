@@ -1,8 +1,10 @@
-"""``Inbox.effect``: a call outside the database made once per (claim, handler, step), its
-record kept by :mod:`inbox._effect_ledger` in the effect store, in transactions of its own.
+"""``Inbox.effect``: a call outside the database made once per (claim, tenant, handler,
+step), its record kept by :mod:`inbox._effect_ledger` in the effect store, in transactions of
+their own.
 
 What the blocking and the async inbox share lives here too: checking the arguments and the
-store, naming the effect, the result's JSON round trip and the failure's one-line text.
+store, naming the effect, and the failure's one-line text; the result's way into the
+ledger is :mod:`inbox._effect_results`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from inbox._effect_ledger import (
     validate_step,
     version_1_key,
 )
+from inbox._effect_results import Kept, KeptResults, encode_result, refuses_result, result_refused
 from inbox._effect_run import HandlerRun, current_run
 from inbox._effect_tenant import tenant_of
-from inbox._retry import Backoff, is_transient, run_with_retries
+from inbox._retry import Backoff, run_with_retries
 from inbox.errors import EffectError, UnsupportedDialect
 from inbox.schema import resolve_effect_table
 
@@ -40,9 +43,9 @@ __all__ = [
     "Effects",
     "begin_effect",
     "describe_error",
-    "encode_result",
+    "log_superseded",
+    "log_unrecorded",
     "refuse_sqlite_claim_store",
-    "result_refused",
 ]
 
 logger = logging.getLogger("inbox.effects")
@@ -100,34 +103,6 @@ def begin_effect(
     return run, ref, checked_mode
 
 
-def encode_result(ref: EffectRef, result: object) -> tuple[str | None, EffectError | None]:
-    """The JSON text to store for ``result``, or (None, the error to raise) when it cannot
-    be stored: the call was made, so that is recorded as done without a result."""
-    try:
-        # ASCII escapes: any text (a lone surrogate too) fits every column and driver.
-        return json.dumps(result, allow_nan=False), None
-    except (TypeError, ValueError, RecursionError) as exc:
-        error = EffectError(
-            f"effect {ref.step!r} of handler {ref.handler!r} returned a result that cannot "
-            f"be stored as JSON ({type(exc).__name__}: {exc}). The call was made and is "
-            "recorded done without its result: it will not be made again, and every later "
-            "attempt raises UncertainEffect until a person releases the record"
-        )
-        error.__cause__ = exc
-        return None, error
-
-
-def result_refused(ref: EffectRef, exc: Exception) -> EffectError:
-    """The error for a result the database refused to store (too large for the column or
-    the connection): the call was made, so it is recorded done without its result."""
-    return EffectError(
-        f"effect {ref.step!r} of handler {ref.handler!r}: the database refused to store its "
-        f"result ({describe_error(exc)}). The call was made and is recorded done without its "
-        "result: it will not be made again, and every later attempt raises UncertainEffect "
-        "until a person releases the record"
-    )
-
-
 def describe_error(exc: BaseException) -> str:
     """The failure as the record keeps it: one line, bounded (no traceback, no SQL)."""
     lines = str(exc).strip().splitlines()
@@ -164,13 +139,19 @@ class Effects:
         self._owner = owner
         self._store = store
         self._tenants = tenants
+        self._kept = KeptResults()
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
 
     def run(self, step: object, call: EffectCall, mode: object) -> Any:
         """``Inbox.effect``: see its docstring."""
         run, ref, checked_mode = begin_effect(
-            self._owner, step, call, mode, tenants=self._tenants, shared_store=bool(self._store)
+            self._owner,
+            step,
+            call,
+            mode,
+            tenants=self._tenants,
+            shared_store=self._store is not None,
         )
         if inspect.iscoroutinefunction(call):
             raise EffectError(
@@ -180,6 +161,9 @@ class Effects:
         engine = self._engine(run)
         if ref.legacy is not None:
             ref = self._retrying(ref, lambda: self._resolve(engine, ref))
+        kept = self._kept.take(ref.key)
+        if kept is not None and self._record(engine, ref, kept):
+            return kept.result()  # made by an earlier attempt here, recorded only now
         at = now()
         begun = self._retrying(ref, lambda: self._start(engine, ref, checked_mode, at))
         if isinstance(begun, Stored):
@@ -200,18 +184,25 @@ class Effects:
             error = EffectError(f"effect {ref.step!r}: call returned an awaitable, not a result")
             self._record_failure(engine, ref, begun, error)
             raise error
-        text, unstorable = encode_result(ref, result)
+        made = Kept(begun.attempt, *encode_result(ref, result))
+        if not self._record(engine, ref, made):
+            log_superseded(ref, begun.attempt)
+        return made.result()
+
+    def _record(self, engine: Engine, ref: EffectRef, made: Kept) -> bool:
+        """Record the call ``made`` done: False if a later attempt took the record over. A
+        result the database refuses is recorded done without it (and raises EffectError);
+        any other failure leaves the record 'started', keeps the result for the next
+        attempt here, and propagates."""
         try:
-            self._retrying(ref, lambda: self._finish(engine, ref, begun, text))
-        except Exception as refused:
-            if text is None or is_transient(refused):
-                raise  # still 'started': the next attempt decides by the mode
-            self._retrying(ref, lambda: self._finish(engine, ref, begun, None))
-            raise result_refused(ref, refused) from refused
-        if unstorable is not None:
-            raise unstorable
-        assert text is not None
-        return json.loads(text)
+            return bool(self._retrying(ref, lambda: self._finish(engine, ref, made, made.text)))
+        except BaseException as exc:  # a cancellation too: the call was made all the same
+            if made.text is None or not isinstance(exc, Exception) or not refuses_result(exc):
+                self._kept.keep(ref.key, made)
+                log_unrecorded(ref, made, exc)
+                raise
+            self._retrying(ref, lambda: self._finish(engine, ref, made, None))
+            raise result_refused(ref, exc) from exc
 
     def _engine(self, run: HandlerRun) -> Engine:
         claim_engine = run.connection.engine
@@ -231,10 +222,9 @@ class Effects:
         with engine.connect() as connection:
             return self.ledger.start(connection, ref, mode, at)
 
-    def _finish(self, engine: Engine, ref: EffectRef, begun: Call, text: str | None) -> None:
+    def _finish(self, engine: Engine, ref: EffectRef, made: Kept, text: str | None) -> bool:
         with engine.connect() as connection:
-            if not self.ledger.finish(connection, ref, begun.attempt, text, now()):
-                log_superseded(ref, begun)
+            return self.ledger.finish(connection, ref, made.attempt, text, now())
 
     def _record_failure(
         self, engine: Engine, ref: EffectRef, begun: Call, exc: BaseException
@@ -243,7 +233,7 @@ class Effects:
         try:
             with engine.connect() as connection:
                 if not self.ledger.fail(connection, ref, begun.attempt, error, now()):
-                    log_superseded(ref, begun)
+                    log_superseded(ref, begun.attempt)
         except Exception:
             # The call's own failure is what the handler raises; the record stays 'started',
             # which the next attempt resolves by the mode just the same.
@@ -261,7 +251,7 @@ class Effects:
         )
 
 
-def log_superseded(ref: EffectRef, begun: Call) -> None:
+def log_superseded(ref: EffectRef, attempt: int) -> None:
     """A later attempt took the record over while this one's call ran: this attempt lost
     its claim (its database connection went), so its handler cannot commit anyway."""
     logger.warning(
@@ -269,5 +259,17 @@ def log_superseded(ref: EffectRef, begun: Call) -> None:
         "(this attempt's claim was lost); its outcome is not recorded",
         ref.step,
         ref.handler,
-        begun.attempt,
+        attempt,
+    )
+
+
+def log_unrecorded(ref: EffectRef, made: Kept, exc: BaseException) -> None:
+    """The call was made but its end could not be recorded: say so, and that it is kept."""
+    logger.warning(
+        "effect %r of %r: attempt %d was made, but recording it done failed (%s); the record "
+        "stays 'started' and this process keeps the result for the next attempt",
+        ref.step,
+        ref.handler,
+        made.attempt,
+        describe_error(exc),
     )

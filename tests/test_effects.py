@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert
+from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import Database, effects
 from support.effects import order
@@ -575,3 +575,94 @@ def test_a_record_written_under_a_version_1_key_stays_valid_for_its_own_effect_o
         ("notify", "sms:customer"): v1,
         ("notify:sms", "customer"): setup.provider.calls[0],
     }
+
+
+def small_store(db: Database, tmp_path: Path) -> tuple[Engine, Engine]:
+    """An effect store with one pooled connection, waiting at most 0.2 s for it; and an
+    engine of its own to read its records with."""
+    url = f"sqlite:///{tmp_path / 'effects.db'}" if db.backend == "sqlite" else db.url
+    store = create_engine(url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    inbox_effect.create(store, checkfirst=True)
+    return store, create_engine(url)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "at-most-once"])
+def test_a_pool_timeout_while_recording_done_keeps_the_result_and_never_calls_again(
+    db: Database, tmp_path: Path, mode: str
+) -> None:
+    """Regression: a pool TimeoutError while the ledger recorded 'done' was taken for the
+    database refusing the result: the record became done without it, and every later
+    attempt raised UncertainEffect saying it 'could not be stored as JSON'. A transient
+    error leaves the effect retryable, and the result of the call that was made is kept."""
+    store, reader = small_store(db, tmp_path)
+    inbox = Inbox(db.sessions, effect_store=store)
+    provider = Provider()
+    seen: list[Any] = []
+    held: list[Any] = []
+
+    def call(key: uuid.UUID) -> dict[str, Any]:
+        receipt = provider.send(key)
+        if len(provider.calls) == 1:
+            held.append(store.connect())  # the store's only connection: 'done' must wait
+        return receipt
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send_sms(message: Message, session: Session) -> None:
+        seen.append(inbox.effect("provider.send", call, mode=mode))
+        session.execute(insert(effects).values(ref=seen[-1]["id"], handler="sms.send"))
+
+    message = order("m1", "sms.requested")
+    try:
+        failed = deliver(inbox, message)
+        assert isinstance(failed, HandlerFailed)
+        error = failed.failures["sms.send"]
+        assert not isinstance(error, EffectError | UncertainEffect), error
+        [record] = records(reader)
+        assert record["status"] == "started"  # not 'done' without its result
+        held.pop().close()
+
+        assert deliver(inbox, message) is Outcome.PROCESSED
+        assert provider.calls == [expected_key(message, "sms.send", "provider.send")]
+        assert seen == [{"id": "sms-1", "key": str(provider.calls[0]), "text": "hello"}]
+        [record] = records(reader)
+        assert record["status"] == "done"
+        assert record["result"] is not None
+        assert db.effect_counts() == {("sms-1", "sms.send"): 1}
+    finally:
+        for connection in held:
+            connection.close()
+        store.dispose()
+        reader.dispose()
+
+
+def max_allowed_packet(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(text("SELECT @@max_allowed_packet")).scalar_one())
+
+
+def test_a_result_over_mariadbs_max_allowed_packet_is_done_without_it_and_never_called_again(
+    mariadb_db: Database,
+) -> None:
+    """Regression: MariaDB drops the connection on a statement over max_allowed_packet; the
+    inbox took that for a transient error, the record stayed 'started', and the call was
+    made again on every retry (8 calls over 2 deliveries)."""
+    inbox = Inbox(mariadb_db.sessions)
+    provider = Provider()
+    blob = "x" * max_allowed_packet(mariadb_db.engine)
+
+    @inbox.handler("report.requested", name="report.make")
+    def make_report(message: Message, session: Session) -> None:
+        inbox.effect("renderer.render", lambda key: {**provider.send(key), "pdf": blob})
+
+    message = order("r1", "report.requested")
+    first = deliver(inbox, message)
+    assert isinstance(first, HandlerFailed)
+    error = first.failures["report.make"]
+    assert isinstance(error, EffectError)
+    assert "max_allowed_packet" in str(error)
+    again = deliver(inbox, message)
+    assert isinstance(again, HandlerFailed)
+    assert isinstance(again.failures["report.make"], UncertainEffect)
+    assert len(provider.calls) == 1
+    [record] = records(mariadb_db.engine)
+    assert (record["status"], record["result"]) == ("done", None)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, insert
+from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -275,3 +275,89 @@ def test_colon_names_are_two_effects_and_a_version_1_record_stays_valid_awaited(
     [key] = provider.calls
     assert key != v1
     assert got["notify:sms"]["key"] == str(key)
+
+
+def test_a_pool_timeout_while_recording_done_keeps_the_result_awaited(
+    adb: AsyncDatabase, tmp_path: Path
+) -> None:
+    """Regression (the FastStream report): a pool TimeoutError while 'done' was recorded
+    left the record done without its result, so every redelivery raised UncertainEffect
+    'could not be stored as JSON'. The effect stays retryable and its result is kept."""
+    provider = Provider()
+    seen: list[Any] = []
+
+    async def main() -> tuple[HandlerFailed | Outcome, HandlerFailed | Outcome, str]:
+        small: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_timeout": 0.2}
+        async with adb.engine() as engine, adb.engine(**small) as server_store:
+            store = server_store
+            if adb.db.backend == "sqlite":
+                sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'effects.db'}"
+                store = create_async_engine(sqlite_url, **small)
+            async with store.begin() as connection:
+                await connection.run_sync(inbox_effect.create, checkfirst=True)
+            inbox = AsyncInbox(async_sessionmaker(engine), effect_store=store)
+            held: list[Any] = []
+
+            async def call(key: uuid.UUID) -> dict[str, Any]:
+                receipt = provider.send(key)
+                if len(provider.calls) == 1:
+                    held.append(await store.connect())  # its only connection: 'done' waits
+                return receipt
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                seen.append(await inbox.effect("provider.send", call, mode="at-most-once"))
+
+            message = order("m1", "sms.requested")
+            try:
+                first = await deliver(inbox, message)
+                status = blocking_records(adb, tmp_path)[0]["status"]
+                await held.pop().close()
+                second = await deliver(inbox, message)
+            finally:
+                for connection in held:
+                    await connection.close()
+                await store.dispose()
+        return first, second, status
+
+    first, second, status_after_first = run(main())
+    assert isinstance(first, HandlerFailed)
+    assert not isinstance(first.failures["sms.send"], EffectError | UncertainEffect)
+    assert status_after_first == "started"
+    assert second is Outcome.PROCESSED
+    assert len(provider.calls) == 1
+    assert seen == [{"id": "sms-1", "key": str(provider.calls[0]), "text": "hello"}]
+    [record] = blocking_records(adb, tmp_path)
+    assert record["status"] == "done"
+
+
+def test_a_result_over_mariadbs_max_allowed_packet_awaited(
+    admin_engines: dict[str, Engine], tmp_path: Path
+) -> None:
+    """asyncmy: a result over max_allowed_packet is recorded done without it, once."""
+    provider = Provider()
+
+    async def main(adb: AsyncDatabase) -> list[HandlerFailed | Outcome]:
+        async with adb.engine() as engine:
+            async with engine.connect() as connection:
+                limit = (await connection.execute(text("SELECT @@max_allowed_packet"))).scalar()
+            blob = "x" * int(limit)
+            inbox = AsyncInbox(async_sessionmaker(engine))
+
+            @inbox.handler("report.requested", name="report.make")
+            async def make(message: Message, session: AsyncSession) -> None:
+                await inbox.effect("render", lambda key: {**provider.send(key), "pdf": blob})
+
+            message = order("r1", "report.requested")
+            return [await deliver(inbox, message) for _ in range(2)]
+
+    for adb in fresh_async_database("asyncmy", admin_engines, tmp_path):
+        first, second = run(main(adb))
+        assert isinstance(first, HandlerFailed)
+        assert isinstance(first.failures["report.make"], EffectError)
+        assert "max_allowed_packet" in str(first.failures["report.make"])
+        assert isinstance(second, HandlerFailed)
+        assert isinstance(second.failures["report.make"], UncertainEffect)
+        assert len(provider.calls) == 1
+        [record] = records(adb.db.engine)
+        assert (record["status"], record["result"]) == ("done", None)

@@ -1,6 +1,6 @@
 """``Inbox.effect``: a call outside the database made once per (claim, tenant, handler,
 step), its record kept by :mod:`inbox._effect_ledger` in the effect store, in transactions of
-their own.
+their own, on connections of their own (:mod:`inbox._effect_pool`).
 
 What the blocking and the async inbox share lives here too: checking the arguments and the
 store, naming the effect, and the failure's one-line text; the result's way into the
@@ -31,6 +31,7 @@ from inbox._effect_ledger import (
     validate_step,
     version_1_key,
 )
+from inbox._effect_pool import LedgerEngines
 from inbox._effect_results import Kept, KeptResults, encode_result, refuses_result, result_refused
 from inbox._effect_run import HandlerRun, current_run
 from inbox._effect_tenant import tenant_of
@@ -139,6 +140,7 @@ class Effects:
         self._owner = owner
         self._store = store
         self._tenants = tenants
+        self._ledgers = LedgerEngines()
         self._kept = KeptResults()
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
@@ -210,7 +212,11 @@ class Effects:
         refuse_sqlite_claim_store(
             None if store is None else store.url, claim_engine, store is not None
         )
-        return claim_engine if store is None else store
+        if store is None:
+            return self._ledgers.beside(claim_engine)
+        if store.pool is claim_engine.pool:  # the claim's own engine, given as the store
+            return self._ledgers.beside(store)
+        return store
 
     def _resolve(self, engine: Engine, ref: EffectRef) -> EffectRef:
         with engine.connect() as connection:

@@ -5,8 +5,10 @@ get the stored result, and each mode resolves an unfinished effect as documented
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -666,3 +668,31 @@ def test_a_result_over_mariadbs_max_allowed_packet_is_done_without_it_and_never_
     assert len(provider.calls) == 1
     [record] = records(mariadb_db.engine)
     assert (record["status"], record["result"]) == ("done", None)
+
+
+def test_as_many_threads_making_effects_as_the_pool_holds_never_wedge_it(
+    server_db: Database,
+) -> None:
+    """Each handler holds its claim's connection while its effect is recorded: the records
+    must not wait for a connection of the same pool, or as many handlers as the pool holds
+    wait for each other until the pool's timeout."""
+    engine = create_engine(server_db.url, pool_size=2, max_overflow=0, pool_timeout=10)
+    inbox = Inbox(sessionmaker(engine))
+    provider = Provider()
+    together = threading.Barrier(2, timeout=30)
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send_sms(message: Message, session: Session) -> None:
+        together.wait()  # two claims held: every connection of the pool is taken
+        receipt = inbox.effect("provider.send", provider.send)
+        session.execute(insert(effects).values(ref=receipt["id"], handler="sms.send"))
+
+    messages = [order(f"m{n}", "sms.requested") for n in range(4)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda m: deliver(inbox, m), messages))
+    finally:
+        engine.dispose()
+    assert outcomes == [Outcome.PROCESSED] * 4
+    assert len(set(provider.calls)) == 4
+    assert sum(server_db.effect_counts().values()) == 4

@@ -331,6 +331,36 @@ def test_a_pool_timeout_while_recording_done_keeps_the_result_awaited(
     assert record["status"] == "done"
 
 
+@pytest.mark.parametrize("driver", ["psycopg-async", "asyncpg", "asyncmy"])
+def test_as_many_concurrent_effects_as_the_pool_holds_never_wedge_it(
+    driver: str, admin_engines: dict[str, Engine], tmp_path: Path
+) -> None:
+    """Regression: each handler held its claim's connection and waited for a second one of
+    the same pool to record its effect; with as many messages at once as the pool holds
+    (pool 2, 4 messages), every one waited for the others until the pool's timeout."""
+    provider = Provider()
+
+    async def main(adb: AsyncDatabase) -> list[HandlerFailed | Outcome]:
+        async with adb.engine(pool_size=2, max_overflow=0, pool_timeout=10) as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            together = asyncio.Barrier(2)
+
+            @inbox.handler("sms.requested", name="sms.send")
+            async def send_sms(message: Message, session: AsyncSession) -> None:
+                await session.execute(insert(effects).values(ref=str(message.id), handler="s"))
+                await asyncio.wait_for(together.wait(), 30)  # both claims held: pool taken
+                await inbox.effect("provider.send", provider.send)
+
+            messages = [order(f"m{n}", "sms.requested") for n in range(4)]
+            return list(await asyncio.gather(*(deliver(inbox, m) for m in messages)))
+
+    for adb in fresh_async_database(driver, admin_engines, tmp_path):
+        outcomes = run(main(adb))
+        assert outcomes == [Outcome.PROCESSED] * 4
+        assert len(set(provider.calls)) == 4
+        assert sum(adb.db.effect_counts().values()) == 4
+
+
 def test_a_result_over_mariadbs_max_allowed_packet_awaited(
     admin_engines: dict[str, Engine], tmp_path: Path
 ) -> None:

@@ -1,5 +1,7 @@
 """``AsyncInbox.effect``: the blocking inbox's effect ledger (:mod:`inbox._effect_ledger`)
-run through ``AsyncConnection.run_sync``, with the call awaited between its writes."""
+run through ``AsyncConnection.run_sync``, with the call awaited between its writes; on
+connections of its own (:mod:`inbox._effect_pool`), so no handler waits for a connection
+another handler holds while it waits in turn."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from inbox._claim import check_supported
 from inbox._effect_ledger import Call, EffectRef, Ledger, Stored
+from inbox._effect_pool import LedgerEngines
 from inbox._effect_results import Kept, KeptResults, encode_result, refuses_result, result_refused
 from inbox._effect_run import HandlerRun
 from inbox._effects import (
@@ -60,6 +63,7 @@ class AsyncEffects:
         self._owner = owner
         self._store = store
         self._tenants = tenants
+        self._ledgers = LedgerEngines()
         self._kept = KeptResults()
         self._proxies: dict[int, AsyncEngine] = {}
         self.ledger = Ledger(resolve_effect_table(table))
@@ -134,11 +138,12 @@ class AsyncEffects:
         refuse_sqlite_claim_store(
             None if store is None else store.url, claim_engine, store is not None
         )
-        if store is not None:
+        if store is not None and store.sync_engine.pool is not claim_engine.pool:
             return store
-        proxy = self._proxies.get(id(claim_engine))
-        if proxy is None or proxy.sync_engine is not claim_engine:
-            proxy = self._proxies[id(claim_engine)] = AsyncEngine(claim_engine)
+        beside = self._ledgers.beside(claim_engine if store is None else store.sync_engine)
+        proxy = self._proxies.get(id(beside))
+        if proxy is None or proxy.sync_engine is not beside:
+            proxy = self._proxies[id(beside)] = AsyncEngine(beside)
         return proxy
 
     async def _record_failure(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
@@ -40,14 +40,24 @@ __all__ = [
     "EffectMode",
     "EffectRef",
     "Ledger",
+    "ResultTooLarge",
     "Stored",
     "effect_key",
+    "is_version_1",
     "parse_mode",
     "validate_step",
+    "version_1_key",
 ]
 
 STEP_MAX_LENGTH: Final = HANDLER_NAME_MAX_LENGTH
 _MYSQL_DUPLICATE_ENTRY: Final = 1062
+_MYSQL_FAMILY: Final = frozenset({"mysql", "mariadb"})
+# Results shorter than this are sent without looking at max_allowed_packet (whose least
+# value on a server is 1 KiB, and default 16 MiB or more).
+_PACKET_CHECK_FROM: Final = 64 * 1024
+# The UPDATE around the result, and its other parameters, on the wire.
+_STATEMENT_OVERHEAD: Final = 1024
+_MAX_PACKET_INFO: Final = "inbox_max_allowed_packet"
 STARTED: Final = "started"
 DONE: Final = "done"
 FAILED: Final = "failed"
@@ -101,20 +111,49 @@ def validate_step(step: object) -> str:
     return step
 
 
-def effect_key(claim_key: bytes, handler: str, step: str) -> uuid.UUID:
-    """The key ``call`` receives: the same on every attempt of this (claim, handler, step),
-    different for any other, and computable by other services."""
+def effect_key(claim_key: bytes, handler: str, step: str, tenant: str | None = None) -> uuid.UUID:
+    """The key ``call`` receives: the same on every attempt of this (claim, tenant, handler,
+    step), different for any other, and computable by other services (docs/effects.md).
+
+    Version 1, ``uuid5(KEY_NAMESPACE, f"{claim}:{handler}:{step}")``, is ambiguous once a
+    name holds a ``:``; it is kept for the effects it names unambiguously (no tenant, no
+    ``:`` in either name), so the records of earlier versions stay valid for them. Every
+    other effect gets version 2: each field length-prefixed (UTF-8 bytes), the tenant one
+    of them (empty without one).
+    """
+    if is_version_1(handler, step, tenant):
+        return version_1_key(claim_key, handler, step)
+    fields = (claim_key.hex(), tenant or "", handler, step)
+    encoded = "".join(f":{len(field.encode('utf-8'))}:{field}" for field in fields)
+    return uuid.uuid5(KEY_NAMESPACE, f"v2{encoded}")
+
+
+def is_version_1(handler: str, step: str, tenant: str | None) -> bool:
+    """Whether the effect keeps its version-1 key (which names it unambiguously)."""
+    return tenant is None and ":" not in handler and ":" not in step
+
+
+def version_1_key(claim_key: bytes, handler: str, step: str) -> uuid.UUID:
+    """The key earlier versions gave every effect (where a record they wrote may be)."""
     return uuid.uuid5(KEY_NAMESPACE, f"{claim_key.hex()}:{handler}:{step}")
 
 
 @dataclass(frozen=True, slots=True)
 class EffectRef:
-    """One effect: its key and what it is the effect of."""
+    """One effect: its key and what it is the effect of; ``legacy``, when set, is the
+    version-1 key under which an earlier version may have recorded this same effect."""
 
     key: uuid.UUID
     claim_key: bytes
     handler: str
     step: str
+    legacy: uuid.UUID | None = None
+
+
+class ResultTooLarge(Exception):
+    """A result the database would refuse to take: on MySQL/MariaDB, a statement over the
+    connection's ``max_allowed_packet`` (the server would drop the connection, which looks
+    like a transient error, rather than answer). Nothing was sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +177,7 @@ class Ledger:
         self.table = table
         c = table.c
         this = c.effect_key == bindparam("k", type_=c.effect_key.type)
+        self._whose = select(c.claim_key, c.handler, c.step).where(this)
         self._read = (
             select(c.status, c.attempts, c.result, c.updated_at).where(this).with_for_update()
         )
@@ -156,6 +196,23 @@ class Ledger:
             .where(*mine)
             .values(status=FAILED, error=bindparam("error"), updated_at=at)
         )
+
+    def resolve(self, connection: Connection, ref: EffectRef) -> EffectRef:
+        """``ref``, or ``ref`` under its version-1 key when an earlier version recorded this
+        very effect there (the record's claim key, handler and step are ``ref``'s; another
+        effect that shared the key is never taken for it). One read, for effects whose key
+        changed only."""
+        if ref.legacy is None:
+            return ref
+        _one_round_trip(connection)
+        with connection.begin():
+            found = connection.execute(self._whose, {"k": ref.legacy}).one_or_none()
+        mine = found is not None and tuple(found) == (
+            uuid.UUID(bytes=ref.claim_key),
+            ref.handler,
+            ref.step,
+        )
+        return replace(ref, key=ref.legacy, legacy=None) if mine else replace(ref, legacy=None)
 
     def start(
         self, connection: Connection, ref: EffectRef, mode: EffectMode, at: dt.datetime
@@ -197,8 +254,9 @@ class Ledger:
                         ref.step,
                         status=status,
                         attempts=attempts,
-                        why="it was made, but its result could not be stored as JSON, so the "
-                        "handler cannot be given it and it must not be made again",
+                        why="it was made, but its result could not be stored (not JSON, or "
+                        "refused by the database as too large), so the handler cannot be given "
+                        "it and it must not be made again",
                     )
                 return Stored(result)
             if status == STARTED and updated_at == at:
@@ -226,6 +284,8 @@ class Ledger:
     ) -> bool:
         """Record ``attempt`` done with ``result`` (None: made, but the result could not be
         stored); False if a later attempt has taken the record over."""
+        if result is not None and len(result) >= _PACKET_CHECK_FROM:
+            _check_packet_size(connection, result)
         params = {"k": ref.key, "attempt": attempt, "result": result, "at": at}
         written = self._write_end(connection, self._done, params)
         if written:
@@ -283,6 +343,26 @@ class Ledger:
                 return False
             raise
         return True
+
+
+def _check_packet_size(connection: Connection, result: str) -> None:
+    """On MySQL/MariaDB, raise :class:`ResultTooLarge` before sending a statement with
+    ``result`` that the connection's ``max_allowed_packet`` would not take (read once per
+    connection). The result is ASCII JSON; its quotes and backslashes go escaped."""
+    if connection.dialect.name not in _MYSQL_FAMILY:
+        return
+    limit = connection.info.get(_MAX_PACKET_INFO)
+    if not isinstance(limit, int):
+        read = connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar()
+        limit = connection.info[_MAX_PACKET_INFO] = int(read or 0)
+        connection.rollback()  # the read began a transaction: end it before the write
+    escaped = sum(result.count(quote) for quote in ("'", '"', "\\"))
+    size = len(result) + escaped + _STATEMENT_OVERHEAD
+    if limit and size > limit:
+        raise ResultTooLarge(
+            f"the result takes about {size} bytes on the wire, more than the connection's "
+            f"max_allowed_packet ({limit} bytes)"
+        )
 
 
 def _one_round_trip(connection: Connection) -> None:

@@ -1,8 +1,10 @@
-"""``Inbox.effect``: a call outside the database made once per (claim, handler, step), its
-record kept by :mod:`inbox._effect_ledger` in the effect store, in transactions of its own.
+"""``Inbox.effect``: a call outside the database made once per (claim, tenant, handler,
+step), its record kept by :mod:`inbox._effect_ledger` in the effect store, in transactions of
+their own, on connections of their own (:mod:`inbox._effect_pool`).
 
 What the blocking and the async inbox share lives here too: checking the arguments and the
-store, naming the effect, the result's JSON round trip and the failure's one-line text.
+store, naming the effect, and the failure's one-line text; the result's way into the
+ledger is :mod:`inbox._effect_results`.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ from inbox._effect_ledger import (
     Ledger,
     Stored,
     effect_key,
+    is_version_1,
     parse_mode,
     validate_step,
+    version_1_key,
 )
+from inbox._effect_pool import LedgerEngines
+from inbox._effect_results import Kept, KeptResults, encode_result, refuses_result, result_refused
 from inbox._effect_run import HandlerRun, current_run
-from inbox._retry import Backoff, is_transient, run_with_retries
+from inbox._effect_tenant import tenant_of
+from inbox._retry import Backoff, run_with_retries
 from inbox.errors import EffectError, UnsupportedDialect
 from inbox.schema import resolve_effect_table
 
@@ -37,9 +44,9 @@ __all__ = [
     "Effects",
     "begin_effect",
     "describe_error",
-    "encode_result",
+    "log_superseded",
+    "log_unrecorded",
     "refuse_sqlite_claim_store",
-    "result_refused",
 ]
 
 logger = logging.getLogger("inbox.effects")
@@ -66,10 +73,16 @@ def refuse_sqlite_claim_store(store_url: object, claim_engine: Engine, has_own: 
 
 
 def begin_effect(
-    owner: object, step: object, call: object, mode: object
+    owner: object, step: object, call: object, mode: object, *, tenants: bool, shared_store: bool
 ) -> tuple[HandlerRun, EffectRef, EffectMode]:
     """Check ``effect()``'s arguments and that a handler of ``owner`` runs here; name the
-    effect. Raises before anything is written."""
+    effect. Raises before anything is written.
+
+    ``tenants``: ``owner`` takes its sessions per message (``sessions_for``), so the run's
+    tenant is part of the effect. ``shared_store``: the records of every tenant share one
+    store, where a record of an earlier version (keyed without the tenant) cannot be told
+    to be this tenant's, so it is not looked for.
+    """
     checked_mode = parse_mode(mode)
     checked_step = validate_step(step)
     if not callable(call):
@@ -81,36 +94,14 @@ def begin_effect(
             "inside its own call: nothing was called a second time. Use another step name "
             "for a nested effect"
         )
-    key = effect_key(run.claim_key, run.handler, checked_step)
-    return run, EffectRef(key, run.claim_key, run.handler, checked_step), checked_mode
-
-
-def encode_result(ref: EffectRef, result: object) -> tuple[str | None, EffectError | None]:
-    """The JSON text to store for ``result``, or (None, the error to raise) when it cannot
-    be stored: the call was made, so that is recorded as done without a result."""
-    try:
-        # ASCII escapes: any text (a lone surrogate too) fits every column and driver.
-        return json.dumps(result, allow_nan=False), None
-    except (TypeError, ValueError, RecursionError) as exc:
-        error = EffectError(
-            f"effect {ref.step!r} of handler {ref.handler!r} returned a result that cannot "
-            f"be stored as JSON ({type(exc).__name__}: {exc}). The call was made and is "
-            "recorded done without its result: it will not be made again, and every later "
-            "attempt raises UncertainEffect until a person releases the record"
-        )
-        error.__cause__ = exc
-        return None, error
-
-
-def result_refused(ref: EffectRef, exc: Exception) -> EffectError:
-    """The error for a result the database refused to store (too large for the column or
-    the connection): the call was made, so it is recorded done without its result."""
-    return EffectError(
-        f"effect {ref.step!r} of handler {ref.handler!r}: the database refused to store its "
-        f"result ({describe_error(exc)}). The call was made and is recorded done without its "
-        "result: it will not be made again, and every later attempt raises UncertainEffect "
-        "until a person releases the record"
-    )
+    tenant = tenant_of(run.connection, per_message_sessions=tenants)
+    key = effect_key(run.claim_key, run.handler, checked_step, tenant)
+    legacy = None
+    shared = tenant is not None and shared_store
+    if not shared and not is_version_1(run.handler, checked_step, tenant):
+        legacy = version_1_key(run.claim_key, run.handler, checked_step)
+    ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
+    return run, ref, checked_mode
 
 
 def describe_error(exc: BaseException) -> str:
@@ -129,7 +120,13 @@ class Effects:
     """The effects of one blocking inbox: its ledger, its store, its retry policy."""
 
     def __init__(
-        self, owner: object, store: Engine | None, table: str | Table, backoff: Backoff
+        self,
+        owner: object,
+        store: Engine | None,
+        table: str | Table,
+        backoff: Backoff,
+        *,
+        tenants: bool = False,
     ) -> None:
         if store is not None:
             if not isinstance(store, Engine):
@@ -142,18 +139,33 @@ class Effects:
                 raise TypeError("effect_store of a blocking Inbox must be a blocking Engine")
         self._owner = owner
         self._store = store
+        self._tenants = tenants
+        self._ledgers = LedgerEngines()
+        self._kept = KeptResults()
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
 
     def run(self, step: object, call: EffectCall, mode: object) -> Any:
         """``Inbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(self._owner, step, call, mode)
+        run, ref, checked_mode = begin_effect(
+            self._owner,
+            step,
+            call,
+            mode,
+            tenants=self._tenants,
+            shared_store=self._store is not None,
+        )
         if inspect.iscoroutinefunction(call):
             raise EffectError(
                 f"effect {ref.step!r}: call is a coroutine function; the blocking Inbox cannot "
                 "await it (use inbox.aio.AsyncInbox and 'await inbox.effect(...)')"
             )
         engine = self._engine(run)
+        if ref.legacy is not None:
+            ref = self._retrying(ref, lambda: self._resolve(engine, ref))
+        kept = self._kept.take(ref.key)
+        if kept is not None and self._record(engine, ref, kept):
+            return kept.result()  # made by an earlier attempt here, recorded only now
         at = now()
         begun = self._retrying(ref, lambda: self._start(engine, ref, checked_mode, at))
         if isinstance(begun, Stored):
@@ -174,18 +186,25 @@ class Effects:
             error = EffectError(f"effect {ref.step!r}: call returned an awaitable, not a result")
             self._record_failure(engine, ref, begun, error)
             raise error
-        text, unstorable = encode_result(ref, result)
+        made = Kept(begun.attempt, *encode_result(ref, result))
+        if not self._record(engine, ref, made):
+            log_superseded(ref, begun.attempt)
+        return made.result()
+
+    def _record(self, engine: Engine, ref: EffectRef, made: Kept) -> bool:
+        """Record the call ``made`` done: False if a later attempt took the record over. A
+        result the database refuses is recorded done without it (and raises EffectError);
+        any other failure leaves the record 'started', keeps the result for the next
+        attempt here, and propagates."""
         try:
-            self._retrying(ref, lambda: self._finish(engine, ref, begun, text))
-        except Exception as refused:
-            if text is None or is_transient(refused):
-                raise  # still 'started': the next attempt decides by the mode
-            self._retrying(ref, lambda: self._finish(engine, ref, begun, None))
-            raise result_refused(ref, refused) from refused
-        if unstorable is not None:
-            raise unstorable
-        assert text is not None
-        return json.loads(text)
+            return bool(self._retrying(ref, lambda: self._finish(engine, ref, made, made.text)))
+        except BaseException as exc:  # a cancellation too: the call was made all the same
+            if made.text is None or not isinstance(exc, Exception) or not refuses_result(exc):
+                self._kept.keep(ref.key, made)
+                log_unrecorded(ref, made, exc)
+                raise
+            self._retrying(ref, lambda: self._finish(engine, ref, made, None))
+            raise result_refused(ref, exc) from exc
 
     def _engine(self, run: HandlerRun) -> Engine:
         claim_engine = run.connection.engine
@@ -193,7 +212,15 @@ class Effects:
         refuse_sqlite_claim_store(
             None if store is None else store.url, claim_engine, store is not None
         )
-        return claim_engine if store is None else store
+        if store is None:
+            return self._ledgers.beside(claim_engine)
+        if store.pool is claim_engine.pool:  # the claim's own engine, given as the store
+            return self._ledgers.beside(store)
+        return store
+
+    def _resolve(self, engine: Engine, ref: EffectRef) -> EffectRef:
+        with engine.connect() as connection:
+            return self.ledger.resolve(connection, ref)
 
     def _start(
         self, engine: Engine, ref: EffectRef, mode: EffectMode, at: dt.datetime
@@ -201,10 +228,9 @@ class Effects:
         with engine.connect() as connection:
             return self.ledger.start(connection, ref, mode, at)
 
-    def _finish(self, engine: Engine, ref: EffectRef, begun: Call, text: str | None) -> None:
+    def _finish(self, engine: Engine, ref: EffectRef, made: Kept, text: str | None) -> bool:
         with engine.connect() as connection:
-            if not self.ledger.finish(connection, ref, begun.attempt, text, now()):
-                log_superseded(ref, begun)
+            return self.ledger.finish(connection, ref, made.attempt, text, now())
 
     def _record_failure(
         self, engine: Engine, ref: EffectRef, begun: Call, exc: BaseException
@@ -213,7 +239,7 @@ class Effects:
         try:
             with engine.connect() as connection:
                 if not self.ledger.fail(connection, ref, begun.attempt, error, now()):
-                    log_superseded(ref, begun)
+                    log_superseded(ref, begun.attempt)
         except Exception:
             # The call's own failure is what the handler raises; the record stays 'started',
             # which the next attempt resolves by the mode just the same.
@@ -231,7 +257,7 @@ class Effects:
         )
 
 
-def log_superseded(ref: EffectRef, begun: Call) -> None:
+def log_superseded(ref: EffectRef, attempt: int) -> None:
     """A later attempt took the record over while this one's call ran: this attempt lost
     its claim (its database connection went), so its handler cannot commit anyway."""
     logger.warning(
@@ -239,5 +265,17 @@ def log_superseded(ref: EffectRef, begun: Call) -> None:
         "(this attempt's claim was lost); its outcome is not recorded",
         ref.step,
         ref.handler,
-        begun.attempt,
+        attempt,
+    )
+
+
+def log_unrecorded(ref: EffectRef, made: Kept, exc: BaseException) -> None:
+    """The call was made but its end could not be recorded: say so, and that it is kept."""
+    logger.warning(
+        "effect %r of %r: attempt %d was made, but recording it done failed (%s); the record "
+        "stays 'started' and this process keeps the result for the next attempt",
+        ref.step,
+        ref.handler,
+        made.attempt,
+        describe_error(exc),
     )

@@ -36,17 +36,20 @@ _INT32: Final = (-(2**31), 2**31 - 1)
 _SURROGATES: Final = "surrogatepass"  # py-amqp encodes text this way; lone surrogates pass
 
 
-def check_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+def check_headers(
+    headers: Mapping[str, Any] | None, *, max_bytes: int | None = MAX_HEADERS_BYTES
+) -> dict[str, Any]:
     """Return ``headers`` as a new plain dict after checking that AMQP can carry every
-    name and value; raise :class:`~inbox.InvalidMessage` naming the first that cannot."""
+    name and value; raise :class:`~inbox.InvalidMessage` naming the first that cannot.
+    ``max_bytes`` bounds the whole table (None: only what the encoding itself allows)."""
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
         raise InvalidMessage(f"headers must be a mapping, got {type(headers).__name__}")
     size = _table_size(headers, "headers", 0)
-    if size > MAX_HEADERS_BYTES:
+    if max_bytes is not None and size > max_bytes:
         raise InvalidMessage(
-            f"headers take {size} bytes on the wire, more than the {MAX_HEADERS_BYTES} a "
+            f"headers take {size} bytes on the wire, more than the {max_bytes} a "
             "message may carry (large data belongs in the body)"
         )
     return dict(headers)

@@ -90,7 +90,9 @@ class Inbox(InboxBase[Session]):
         )
         if session_factory is not None:
             check_session_factory(session_factory, self._claims.bind_clause)
-        self._effects = Effects(self, effect_store, effect_table, self._backoff)
+        self._effects = Effects(
+            self, effect_store, effect_table, self._backoff, tenants=sessions_for is not None
+        )
 
     @overload
     def handler(self, func: H, /) -> H: ...

@@ -102,7 +102,8 @@ class UnsupportedDialect(InboxError):
 
 class EffectError(InboxError):
     """``inbox.effect`` cannot be used like this: outside a handler of this inbox, re-entered
-    with the step it is already in, or with a ``call`` whose result cannot be stored as JSON."""
+    with the step it is already in, or with a ``call`` whose result cannot be stored (not
+    JSON, or refused by the database as too large)."""
 
 
 class UncertainEffect(InboxError):

@@ -23,7 +23,7 @@ import sys
 import uuid
 from typing import Any, Final
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from support.effects import record_effect
 from support.ledger import FileProvider
@@ -59,9 +59,10 @@ engine = create_engine(_database_url, pool_size=3)
 inbox = Inbox(sessionmaker(engine))
 
 
-@event.listens_for(engine, "before_cursor_execute")
+@event.listens_for(Engine, "before_cursor_execute")
 def _before_done_record(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-    # The done record is the UPDATE of the effect table that stores a result.
+    # The done record is the UPDATE of the effect table that stores a result (on the
+    # ledger's engine beside the inbox's: every engine is listened to).
     if statement.startswith("UPDATE inbox_effect") and "result" in statement:
         _die_at("after-call")
 

@@ -4,13 +4,16 @@ get the stored result, and each mode resolves an unfinished effect as documented
 
 from __future__ import annotations
 
+import datetime as dt
+import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert
+from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import Database, effects
 from support.effects import order
@@ -28,7 +31,7 @@ from inbox import (
     UncertainEffect,
     UnsupportedDialect,
 )
-from inbox.schema import effect_table, metadata
+from inbox.schema import effect_table, inbox_effect, metadata
 
 
 class Setup:
@@ -499,3 +502,197 @@ def test_a_result_the_database_refuses_is_never_called_again(server_db: Database
     with server_db.engine.connect() as connection:
         row = connection.execute(narrow.select()).one()
     assert (row.status, row.result) == ("done", None)
+
+
+def v2_key(claim_key: bytes, tenant: str, handler: str, step: str) -> uuid.UUID:
+    """The documented version-2 effect key (docs/effects.md), computed independently."""
+    fields = (claim_key.hex(), tenant, handler, step)
+    return uuid.uuid5(KEY_NAMESPACE, "v2" + "".join(f":{len(f.encode())}:{f}" for f in fields))
+
+
+def colliding_handlers(setup: Setup) -> dict[str, Any]:
+    """Handlers ``notify`` (step ``sms:customer``) and ``notify:sms`` (step ``customer``):
+    one effect each, the result each got kept by handler name."""
+    got: dict[str, Any] = {}
+
+    def make(handler: str, step: str) -> None:
+        @setup.inbox.handler("sms.requested", name=handler)
+        def send(message: Message, session: Session) -> None:
+            got[handler] = setup.inbox.effect(step, setup.provider.send)
+
+    make("notify", "sms:customer")
+    make("notify:sms", "customer")
+    return got
+
+
+def test_handler_and_step_names_with_colons_never_make_one_effect_of_two(setup: Setup) -> None:
+    """Regression: the key was uuid5(f"{claim}:{handler}:{step}"), so handler 'notify' with
+    step 'sms:customer' was the same effect as handler 'notify:sms' with step 'customer':
+    the second was never called and got the first one's stored result."""
+    got = colliding_handlers(setup)
+    message = order("m1", "sms.requested")
+    assert set(setup.inbox.process(message).outcomes.values()) == {Outcome.PROCESSED}
+
+    claim = message.id.bytes
+    assert sorted(setup.provider.calls) == sorted(
+        [v2_key(claim, "", "notify", "sms:customer"), v2_key(claim, "", "notify:sms", "customer")]
+    )
+    assert got["notify"] != got["notify:sms"]
+    stored = {(r["handler"], r["step"]): r["status"] for r in setup.records()}
+    assert stored == {("notify", "sms:customer"): "done", ("notify:sms", "customer"): "done"}
+
+
+def test_a_record_written_under_a_version_1_key_stays_valid_for_its_own_effect_only(
+    setup: Setup,
+) -> None:
+    """Effects whose handler or step holds a ':' have a new key. A record an earlier version
+    wrote for one is still found by that effect (the record's handler and step say whose it
+    is), never by the other effect that shared its version-1 key."""
+    got = colliding_handlers(setup)
+    message = order("m1", "sms.requested")
+    v1 = uuid.uuid5(KEY_NAMESPACE, f"{message.id.bytes.hex()}:notify:sms:customer")
+    now = dt.datetime.now(dt.UTC)
+    with store_of(setup.db, setup.store).begin() as connection:
+        connection.execute(
+            insert(inbox_effect).values(
+                effect_key=v1,
+                claim_key=message.id,
+                handler="notify",
+                step="sms:customer",
+                status="done",
+                attempts=1,
+                result='{"id": "sent-before-the-upgrade"}',
+                started_at=now,
+                updated_at=now,
+            )
+        )
+
+    setup.inbox.process(message)
+
+    assert got["notify"] == {"id": "sent-before-the-upgrade"}  # no call: it was made
+    assert setup.provider.calls == [v2_key(message.id.bytes, "", "notify:sms", "customer")]
+    assert got["notify:sms"]["key"] == str(setup.provider.calls[0])
+    keys = {(r["handler"], r["step"]): r["effect_key"] for r in setup.records()}
+    assert keys == {
+        ("notify", "sms:customer"): v1,
+        ("notify:sms", "customer"): setup.provider.calls[0],
+    }
+
+
+def small_store(db: Database, tmp_path: Path) -> tuple[Engine, Engine]:
+    """An effect store with one pooled connection, waiting at most 0.2 s for it; and an
+    engine of its own to read its records with."""
+    url = f"sqlite:///{tmp_path / 'effects.db'}" if db.backend == "sqlite" else db.url
+    store = create_engine(url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    inbox_effect.create(store, checkfirst=True)
+    return store, create_engine(url)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "at-most-once"])
+def test_a_pool_timeout_while_recording_done_keeps_the_result_and_never_calls_again(
+    db: Database, tmp_path: Path, mode: str
+) -> None:
+    """Regression: a pool TimeoutError while the ledger recorded 'done' was taken for the
+    database refusing the result: the record became done without it, and every later
+    attempt raised UncertainEffect saying it 'could not be stored as JSON'. A transient
+    error leaves the effect retryable, and the result of the call that was made is kept."""
+    store, reader = small_store(db, tmp_path)
+    inbox = Inbox(db.sessions, effect_store=store)
+    provider = Provider()
+    seen: list[Any] = []
+    held: list[Any] = []
+
+    def call(key: uuid.UUID) -> dict[str, Any]:
+        receipt = provider.send(key)
+        if len(provider.calls) == 1:
+            held.append(store.connect())  # the store's only connection: 'done' must wait
+        return receipt
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send_sms(message: Message, session: Session) -> None:
+        seen.append(inbox.effect("provider.send", call, mode=mode))
+        session.execute(insert(effects).values(ref=seen[-1]["id"], handler="sms.send"))
+
+    message = order("m1", "sms.requested")
+    try:
+        failed = deliver(inbox, message)
+        assert isinstance(failed, HandlerFailed)
+        error = failed.failures["sms.send"]
+        assert not isinstance(error, EffectError | UncertainEffect), error
+        [record] = records(reader)
+        assert record["status"] == "started"  # not 'done' without its result
+        held.pop().close()
+
+        assert deliver(inbox, message) is Outcome.PROCESSED
+        assert provider.calls == [expected_key(message, "sms.send", "provider.send")]
+        assert seen == [{"id": "sms-1", "key": str(provider.calls[0]), "text": "hello"}]
+        [record] = records(reader)
+        assert record["status"] == "done"
+        assert record["result"] is not None
+        assert db.effect_counts() == {("sms-1", "sms.send"): 1}
+    finally:
+        for connection in held:
+            connection.close()
+        store.dispose()
+        reader.dispose()
+
+
+def max_allowed_packet(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(text("SELECT @@max_allowed_packet")).scalar_one())
+
+
+def test_a_result_over_mariadbs_max_allowed_packet_is_done_without_it_and_never_called_again(
+    mariadb_db: Database,
+) -> None:
+    """Regression: MariaDB drops the connection on a statement over max_allowed_packet; the
+    inbox took that for a transient error, the record stayed 'started', and the call was
+    made again on every retry (8 calls over 2 deliveries)."""
+    inbox = Inbox(mariadb_db.sessions)
+    provider = Provider()
+    blob = "x" * max_allowed_packet(mariadb_db.engine)
+
+    @inbox.handler("report.requested", name="report.make")
+    def make_report(message: Message, session: Session) -> None:
+        inbox.effect("renderer.render", lambda key: {**provider.send(key), "pdf": blob})
+
+    message = order("r1", "report.requested")
+    first = deliver(inbox, message)
+    assert isinstance(first, HandlerFailed)
+    error = first.failures["report.make"]
+    assert isinstance(error, EffectError)
+    assert "max_allowed_packet" in str(error)
+    again = deliver(inbox, message)
+    assert isinstance(again, HandlerFailed)
+    assert isinstance(again.failures["report.make"], UncertainEffect)
+    assert len(provider.calls) == 1
+    [record] = records(mariadb_db.engine)
+    assert (record["status"], record["result"]) == ("done", None)
+
+
+def test_as_many_threads_making_effects_as_the_pool_holds_never_wedge_it(
+    server_db: Database,
+) -> None:
+    """Each handler holds its claim's connection while its effect is recorded: the records
+    must not wait for a connection of the same pool, or as many handlers as the pool holds
+    wait for each other until the pool's timeout."""
+    engine = create_engine(server_db.url, pool_size=2, max_overflow=0, pool_timeout=10)
+    inbox = Inbox(sessionmaker(engine))
+    provider = Provider()
+    together = threading.Barrier(2, timeout=30)
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send_sms(message: Message, session: Session) -> None:
+        together.wait()  # two claims held: every connection of the pool is taken
+        receipt = inbox.effect("provider.send", provider.send)
+        session.execute(insert(effects).values(ref=receipt["id"], handler="sms.send"))
+
+    messages = [order(f"m{n}", "sms.requested") for n in range(4)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda m: deliver(inbox, m), messages))
+    finally:
+        engine.dispose()
+    assert outcomes == [Outcome.PROCESSED] * 4
+    assert len(set(provider.calls)) == 4
+    assert sum(server_db.effect_counts().values()) == 4

@@ -384,3 +384,40 @@ def test_a_connection_the_broker_closes_loses_and_doubles_nothing(
     assert subscription.stats.dead_lettered == 0
     counts = queue_counts(rabbit)
     assert counts[queue] == (0, 0), counts
+
+
+def test_a_copy_whose_headers_outgrow_the_frame_is_dead_lettered_trimmed_not_looped(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    """Regression: a copy too large for one AMQP frame made RabbitMQ close the edge's whole
+    connection (501 frame_too_large); aio-pika reconnected, the delivery came back and the
+    handler ran again, for ever, disrupting every subscriber on the connection. The edge
+    trims such a copy into the .dlq, as the kombu worker does (one plan, broker/_copies.py)."""
+    queue = rabbit.queue("orders")
+    runs: list[str] = []
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        runs.append(message.body["ref"])
+        await record_effect(message, session, HANDLER)
+        if message.body["ref"] == "big-headers":
+            raise ValueError("declined: " + "why " * 200)
+
+    filler = "x" * (131_072 - 8 - 12 - 600)  # the delivery itself fits in one frame
+
+    async def scenario(subscription: InboxSubscription) -> None:
+        big = {**op("big-headers"), "headers": {"filler": filler, "trace": "t-1"}}
+        await asyncio.to_thread(send, rabbit, queue, [big, op("behind-it")])
+        await until(lambda: subscription.stats.dead_lettered == 1, "the dead letter")
+        await until(lambda: subscription.stats.acked == 2, "both deliveries settled")
+
+    subscription = run(consume(pg_db, rabbit, queue, handler, scenario, retry=QUICK))
+
+    assert pg_db.effect_counts() == {("behind-it", HANDLER): 1}
+    assert runs.count("big-headers") == 1  # tried once, never looped
+    [dead] = rabbit.take_all(f"{queue}.dlq")
+    assert dead.headers["x-inbox-reason"] == "copy-too-large"
+    assert "filler" not in dead.headers
+    assert "filler, trace" in dead.headers["x-inbox-error"]
+    assert dead.headers["x-inbox-tries"] == 1
+    assert bytes(dead.body) == b'{"ref": "big-headers"}'
+    assert subscription.stats.dead_letter_reasons["copy-too-large"] == 1

@@ -13,6 +13,7 @@ Tests whose comment starts "Regression:" reproduce library bugs the hostile-inpu
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 import zlib
 from collections import Counter, defaultdict
@@ -52,7 +53,7 @@ from support.hostile import (
 )
 from support.rabbit import Rabbit
 from support.strategies import delivery_batches
-from support.worker import delete_queues, run_until_idle
+from support.worker import TIMEOUT, delete_queues, run_until_idle, wait_until
 
 from inbox import Inbox, Message
 from inbox.broker import RetryPolicy, Worker
@@ -62,7 +63,6 @@ from inbox.schema import metadata as inbox_metadata
 
 MEMORY = "memory://"
 HANDLER = "ops.apply"
-IDLE = 0.3
 POLICY = RetryPolicy((0.01,), max_tries=2)
 
 
@@ -147,9 +147,40 @@ class Run:
     left_in_queue: int
 
 
+def run_until_settled(worker: Worker, deliveries: int) -> None:
+    """Run ``worker`` until each of ``deliveries`` got its last ack (committed, duplicate or
+    dead-lettered; a retry's ack is not its last), then stop it: it must return normally.
+
+    A condition, not an idle time: on a loaded machine a retry held for its delay can
+    outlast any idle cutoff, and the worker would stop with it still in the queue."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    stats = worker.stats
+    try:
+        wait_until(
+            lambda: stats.acked - stats.retried >= deliveries or not thread.is_alive(),
+            f"{deliveries} deliveries to be settled",
+            TIMEOUT,
+        )
+    finally:
+        worker.stop()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive(), "the worker did not stop"
+    if failed:
+        raise failed[0]
+
+
 def run_batch(deliveries: Sequence[Delivery], directory: Path) -> Run:
-    """Publish ``deliveries`` (numbered in order), run a worker until it is idle — it must
-    return normally — and collect what became of them."""
+    """Publish ``deliveries`` (numbered in order), run a worker until every one of them is
+    settled, and collect what became of them."""
     for seq, delivery in enumerate(deliveries):
         delivery.seq = seq
     engine, inbox = memory_inbox(directory / "inbox.db")
@@ -157,7 +188,7 @@ def run_batch(deliveries: Sequence[Delivery], directory: Path) -> Run:
     worker = Worker(inbox, MEMORY, [queue], retry=POLICY, stats_interval=None)
     try:
         publish_all(queue, deliveries)
-        run_until_idle(worker, IDLE)
+        run_until_settled(worker, len(deliveries))
         dead: dict[int, KombuMessage] = {}
         for message in take_all(f"{queue}.dlq"):
             seq = message.headers[SEQ]

@@ -104,11 +104,11 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
         if calls:
             found[path.relative_to(library).as_posix()] = calls
     # The library's only raw SQL: constant statements (catalog queries with bound parameters,
-    # pseudo-column names, UNLOCK TABLES, the outbox's NOTIFY trigger with the table name filled
-    # in by SQLAlchemy), and the PostgreSQL claim that SQLAlchemy rendered once from the insert
-    # construct. Table and schema names reach SQL as sqlalchemy Table objects (quoted by the
-    # dialect) after resolve_table() has refused anything but plain identifiers; values are
-    # always bound parameters.
+    # pseudo-column names, UNLOCK TABLES, MySQL's max_allowed_packet, the outbox's NOTIFY
+    # trigger with the table name filled in by SQLAlchemy), and the constants of the marker
+    # the PostgreSQL claim sets. Table and schema names reach SQL as sqlalchemy Table objects
+    # (quoted by the dialect) after resolve_table() has refused anything but plain
+    # identifiers; values are always bound parameters.
     # Each call by its first 56 characters: enough to tell them apart.
     assert {path: [call[:56] for call in calls] for path, calls in found.items()} == {
         "_backends/_claims.py": [
@@ -117,6 +117,9 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
             "literal_column(\"'default_transaction_read_only'\")",
             "literal_column(\"'on'\")",
             "literal_column('true')",
+        ],
+        "_effect_ledger.py": [
+            "exec_driver_sql('SELECT @@max_allowed_packet')",  # MySQL/MariaDB: a constant
         ],
         "_backends/_mysql.py": [
             "exec_driver_sql('UNLOCK TABLES')",

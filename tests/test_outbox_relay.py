@@ -4,6 +4,7 @@ what an operator sees of the kept rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -27,8 +28,9 @@ from support.relay import (
     receive_all,
 )
 
-from inbox import Outbox
+from inbox import InvalidMessage, Outbox
 from inbox.broker import Relay, outbox_status
+from inbox.broker._relay_publish import BatchPublisher
 from inbox.broker.relay_cli import relay_main
 from inbox.outbox._row import OutboxRow
 from inbox.schema import outbox_message
@@ -349,3 +351,84 @@ def test_constructor_checks_its_arguments(rabbit: Rabbit) -> None:
         Relay("sqlite://", Connection("memory://"))
     with pytest.raises(ValueError, match="outbox schema"):
         Relay("sqlite://", rabbit.url, table="a-b.c")
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"type": "ж" * 200}, "type is 400 UTF-8 bytes"),
+        ({"headers": json.dumps({"n": 2**70})}, "signed 64-bit"),
+        ({"routing_key": "ж" * 200}, "routing_key is 400 UTF-8 bytes"),
+        ({"content_type": "ж" * 200}, "content_type is 400 UTF-8 bytes"),
+    ],
+    ids=["long-type", "huge-header-int", "long-routing-key", "long-content-type"],
+)
+def test_a_row_written_by_hand_that_amqp_cannot_carry_is_refused_and_every_restart_gets_past_it(
+    db: Database, rabbit: Rabbit, raw: dict[str, object], fragment: str
+) -> None:
+    """Regression: such a row raised struct.error out of Relay.run(), was never marked
+    refused, and every restart died on it with every row behind it unsent."""
+    queue = declare_queue(rabbit, "q")
+    bad = op_row(queue, "bad")
+    before, after = op_row(queue, "before"), op_row(queue, "after")
+    add_rows(db.engine, [before])
+    add_rows(db.engine, [bad], raw=raw)
+    add_rows(db.engine, [after])
+
+    for restart in range(2):
+        with make_relay(db, rabbit) as relay:
+            assert relay.drain() == (2 if restart == 0 else 0)
+            assert relay.stats.refused == 1
+        with db.engine.begin() as connection:  # due again at once, for the restart
+            connection.execute(update(outbox_message).values(available_at=dt.datetime.now(dt.UTC)))
+
+    assert [m.message_id for m in receive_all(rabbit, queue)] == [before.id, after.id]
+    assert outbox_ids(db.engine) == [bad.id]
+    with db.engine.connect() as connection:
+        attempts, error = connection.execute(
+            select(outbox_message.c.attempts, outbox_message.c.last_error)
+        ).one()
+    assert attempts == 2
+    assert fragment in error
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"type": "ж" * 200},
+        {"headers": {"n": 2**70}},
+        {"routing_key": "ж" * 200},
+        {"content_type": "ж" * 200, "body": b"x"},
+        {"headers": {"ж" * 200: 1}},
+    ],
+    ids=["long-type", "huge-header-int", "long-routing-key", "long-content-type", "long-name"],
+)
+def test_outbox_publish_refuses_what_amqp_cannot_carry_before_anything_is_written(
+    db: Database, arguments: dict[str, object]
+) -> None:
+    call: dict[str, object] = {"type": "op", "body": {"ref": 1}, "routing_key": "q"} | arguments
+    with Session(db.engine) as session, session.begin(), pytest.raises(InvalidMessage):
+        Outbox().publish(session, **call)  # type: ignore[arg-type]
+    assert outbox_ids(db.engine) == []
+
+
+def test_the_publisher_refuses_a_row_amqp_cannot_encode_and_sends_the_rest_of_its_batch(
+    rabbit: Rabbit,
+) -> None:
+    """The relay checks each row before it publishes; should one slip through, py-amqp's
+    encoding error refuses that row only (it is raised before anything of it is written)."""
+    queue = declare_queue(rabbit, "q")
+    good = [op_row(queue, "g1"), op_row(queue, "g2")]
+    bad = dataclasses.replace(op_row(queue, "bad"), headers={"n": 2**70})
+    publisher = BatchPublisher(Connection(rabbit.url), confirm_timeout=30.0)
+    try:
+        publisher.connect(lambda: None, max_retries=1)
+        sent = publisher.publish([good[0], bad, good[1]])
+    finally:
+        publisher.close()
+    assert sent.confirmed == [r.id for r in good]
+    assert list(sent.refused) == [bad.id]
+    assert "AMQP cannot carry" in sent.refused[bad.id]
+    assert sent.unconfirmed == []
+    assert sent.lost is None
+    assert [m.message_id for m in receive_all(rabbit, queue)] == [r.id for r in good]

@@ -12,6 +12,8 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, insert, select, text, update
@@ -20,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import Session, sessionmaker
 from support.aio import run
 from support.databases import MARIADB_URL, POSTGRES_URL, effects, effects_metadata, unreachable
+from support.ledger import Provider
 
-from inbox import HandlerFailed, Inbox, Message, Outcome, ProcessResult
+from inbox import KEY_NAMESPACE, HandlerFailed, Inbox, Message, Outcome, ProcessResult
 from inbox.admin import admin_main
 from inbox.aio import AsyncInbox
 from inbox.retention.cli import cleanup_main
@@ -328,3 +331,86 @@ def test_concurrent_deliveries_across_tenants_stay_apart(pg_tenants: Tenants) ->
     assert len(outcomes) == 3 * len(every)
     assert outcomes.count(Outcome.PROCESSED) == len(every)
     check_isolated(pg_tenants, sent)
+
+
+def sms_inbox(sessions_for: Any, **options: Any) -> tuple[Inbox, Provider, dict[str, Any]]:
+    """An inbox whose handler sends one SMS per message through ``inbox.effect``: the
+    provider, and the result each tenant's handler got."""
+    inbox = Inbox(sessions_for=sessions_for, **options)
+    provider = Provider()
+    got: dict[str, Any] = {}
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send(message: Message, session: Session) -> None:
+        got[message.headers["tenant"]] = inbox.effect("provider.send", provider.send)
+
+    return inbox, provider, got
+
+
+def to_both(inbox: Inbox, tenants: tuple[str, ...] = ("tenant_a", "tenant_b")) -> None:
+    """The same message (one id) delivered to each of ``tenants``, each processed."""
+    shared = uuid.uuid4()
+    for tenant in tenants:
+        message = Message(shared, "sms.requested", {}, {"tenant": tenant})
+        assert inbox.process(message).outcome is Outcome.PROCESSED
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_the_same_message_in_two_tenants_is_two_effects_under_two_keys(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Regression: nothing of the tenant was in the effect key, so both tenants' calls went
+    out under one idempotency key: a provider deduplicating by it dropped tenant B's SMS."""
+    tenants: Tenants = request.getfixturevalue(f"{backend}_tenants".replace("postgresql", "pg"))
+    sessions = tenants.sessions()
+    inbox, provider, got = sms_inbox(lambda m: sessions[m.headers["tenant"]]())
+    to_both(inbox)
+    assert len(provider.calls) == 2
+    assert len(set(provider.calls)) == 2
+    assert got["tenant_a"] != got["tenant_b"]
+    for tenant in ("tenant_a", "tenant_b"):
+        assert tenants.effect_steps(tenant) == 1
+
+
+def test_one_effect_store_shared_by_every_tenant_keeps_their_effects_apart(
+    tmp_path: Path,
+) -> None:
+    """Regression: with one ``effect_store`` for every tenant (the only way on SQLite), tenant
+    B's call was never made and B's handler was handed tenant A's stored result."""
+    engines = {t: create_engine(f"sqlite:///{tmp_path / t}.db") for t in ("tenant_a", "tenant_b")}
+    store = create_engine(f"sqlite:///{tmp_path / 'effects.db'}")
+    try:
+        inbox_effect.create(store)
+        for engine in engines.values():
+            inbox_metadata.create_all(engine)
+        sessions = {tenant: sessionmaker(engine) for tenant, engine in engines.items()}
+        inbox, provider, got = sms_inbox(
+            lambda m: sessions[m.headers["tenant"]](), effect_store=store
+        )
+        to_both(inbox)
+        assert len(set(provider.calls)) == 2
+        assert got["tenant_a"]["key"] != got["tenant_b"]["key"]
+        assert [got[t]["key"] for t in ("tenant_a", "tenant_b")] == [str(k) for k in provider.calls]
+        with store.connect() as connection:
+            assert len(connection.execute(select(inbox_effect)).all()) == 2
+    finally:
+        store.dispose()
+        for engine in engines.values():
+            engine.dispose()
+
+
+def test_a_tenant_named_with_inbox_tenant_keys_its_effects_by_that_name(
+    pg_tenants: Tenants,
+) -> None:
+    """The ``inbox_tenant`` execution option names the tenant: its effect keys follow the
+    documented formula with that name, whatever engine or schema reaches it."""
+    sessions = {
+        tenant: sessionmaker(engine.execution_options(inbox_tenant=f"shop-{tenant}"))
+        for tenant, engine in pg_tenants.engines.items()
+    }
+    inbox, provider, _ = sms_inbox(lambda m: sessions[m.headers["tenant"]]())
+    message = Message(uuid.uuid4(), "sms.requested", {}, {"tenant": "tenant_a"})
+    inbox.process(message)
+    fields = (message.id.bytes.hex(), "shop-tenant_a", "sms.send", "provider.send")
+    name = "v2" + "".join(f":{len(f.encode())}:{f}" for f in fields)
+    assert provider.calls == [uuid.uuid5(KEY_NAMESPACE, name)]

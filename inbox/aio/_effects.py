@@ -1,5 +1,7 @@
 """``AsyncInbox.effect``: the blocking inbox's effect ledger (:mod:`inbox._effect_ledger`)
-run through ``AsyncConnection.run_sync``, with the call awaited between its writes."""
+run through ``AsyncConnection.run_sync``, with the call awaited between its writes; on
+connections of its own (:mod:`inbox._effect_pool`), so no handler waits for a connection
+another handler holds while it waits in turn."""
 
 from __future__ import annotations
 
@@ -9,22 +11,23 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from inbox._backends import check_supported
 from inbox._effect_ledger import Call, EffectRef, Ledger, Stored
+from inbox._effect_pool import LedgerEngines
+from inbox._effect_results import Kept, KeptResults, encode_result, refuses_result, result_refused
 from inbox._effect_run import HandlerRun
 from inbox._effects import (
     begin_effect,
     describe_error,
-    encode_result,
     log_superseded,
+    log_unrecorded,
     now,
     refuse_sqlite_claim_store,
-    result_refused,
 )
-from inbox._retry import Backoff, is_transient
+from inbox._retry import Backoff
 from inbox.aio._completion import run_to_completion
 from inbox.aio._retry import run_with_retries
 from inbox.schema import resolve_effect_table
@@ -42,7 +45,13 @@ class AsyncEffects:
     """The effects of one async inbox: its ledger, its store, its retry policy."""
 
     def __init__(
-        self, owner: object, store: AsyncEngine | None, table: str | Table, backoff: Backoff
+        self,
+        owner: object,
+        store: AsyncEngine | None,
+        table: str | Table,
+        backoff: Backoff,
+        *,
+        tenants: bool = False,
     ) -> None:
         if store is not None:
             if not isinstance(store, AsyncEngine):
@@ -53,14 +62,32 @@ class AsyncEffects:
             check_supported(store.dialect)
         self._owner = owner
         self._store = store
+        self._tenants = tenants
+        self._ledgers = LedgerEngines()
+        self._kept = KeptResults()
         self._proxies: dict[int, AsyncEngine] = {}
         self.ledger = Ledger(resolve_effect_table(table))
         self._backoff = backoff
 
     async def run(self, step: object, call: AsyncEffectCall, mode: object) -> Any:
         """``AsyncInbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(self._owner, step, call, mode)
+        run, ref, checked_mode = begin_effect(
+            self._owner,
+            step,
+            call,
+            mode,
+            tenants=self._tenants,
+            shared_store=self._store is not None,
+        )
         engine = self._engine(run)
+        if ref.legacy is not None:
+            legacy = ref
+            ref = await self._retrying(
+                legacy, lambda: self._on(engine, self.ledger.resolve, legacy)
+            )
+        kept = self._kept.take(ref.key)
+        if kept is not None and await self._record(engine, ref, kept):
+            return kept.result()  # made by an earlier attempt here, recorded only now
         at = now()
         start = self.ledger.start
         begun: Call | Stored = await self._retrying(
@@ -81,24 +108,29 @@ class AsyncEffects:
             raise
         finally:
             run.leave(ref.step)
-        text, unstorable = encode_result(ref, result)
+        made = Kept(begun.attempt, *encode_result(ref, result))
+        if not await self._record(engine, ref, made):
+            log_superseded(ref, begun.attempt)
+        return made.result()
+
+    async def _record(self, engine: AsyncEngine, ref: EffectRef, made: Kept) -> bool:
+        """:meth:`inbox._effects.Effects._record`, awaited."""
+        finish = self.ledger.finish
         try:
-            finished = await self._retrying(
-                ref, lambda: self._on(engine, self.ledger.finish, ref, begun.attempt, text, now())
+            return bool(
+                await self._retrying(
+                    ref, lambda: self._on(engine, finish, ref, made.attempt, made.text, now())
+                )
             )
-        except Exception as refused:
-            if text is None or is_transient(refused):
-                raise  # still 'started': the next attempt decides by the mode
+        except BaseException as exc:  # a cancellation too: the call was made all the same
+            if made.text is None or not isinstance(exc, Exception) or not refuses_result(exc):
+                self._kept.keep(ref.key, made)
+                log_unrecorded(ref, made, exc)
+                raise
             await self._retrying(
-                ref, lambda: self._on(engine, self.ledger.finish, ref, begun.attempt, None, now())
+                ref, lambda: self._on(engine, finish, ref, made.attempt, None, now())
             )
-            raise result_refused(ref, refused) from refused
-        if not finished:
-            log_superseded(ref, begun)
-        if unstorable is not None:
-            raise unstorable
-        assert text is not None
-        return json.loads(text)
+            raise result_refused(ref, exc) from exc
 
     def _engine(self, run: HandlerRun) -> AsyncEngine:
         claim_engine = run.connection.engine
@@ -106,11 +138,12 @@ class AsyncEffects:
         refuse_sqlite_claim_store(
             None if store is None else store.url, claim_engine, store is not None
         )
-        if store is not None:
+        if store is not None and store.sync_engine.pool is not claim_engine.pool:
             return store
-        proxy = self._proxies.get(id(claim_engine))
-        if proxy is None or proxy.sync_engine is not claim_engine:
-            proxy = self._proxies[id(claim_engine)] = _proxy(claim_engine)
+        beside = self._ledgers.beside(claim_engine if store is None else store.sync_engine)
+        proxy = self._proxies.get(id(beside))
+        if proxy is None or proxy.sync_engine is not beside:
+            proxy = self._proxies[id(beside)] = AsyncEngine(beside)
         return proxy
 
     async def _record_failure(
@@ -130,7 +163,7 @@ class AsyncEffects:
             )
             return
         if not recorded:
-            log_superseded(ref, begun)
+            log_superseded(ref, begun.attempt)
 
     @staticmethod
     async def _on(engine: AsyncEngine, step: Callable[..., Any], *args: object) -> Any:
@@ -145,8 +178,3 @@ class AsyncEffects:
 
 def _call(connection: Connection, step: Callable[..., Any], *args: object) -> Any:
     return step(connection, *args)
-
-
-def _proxy(engine: Engine) -> AsyncEngine:
-    """The ``AsyncEngine`` around the claim's engine (same pool): the default store."""
-    return AsyncEngine(engine)

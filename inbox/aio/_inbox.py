@@ -96,7 +96,9 @@ class AsyncInbox(InboxBase[AsyncSession]):
                 self._claims.bind_clause,
                 asynchronous=True,
             )
-        self._effects = AsyncEffects(self, effect_store, effect_table, self._backoff)
+        self._effects = AsyncEffects(
+            self, effect_store, effect_table, self._backoff, tenants=sessions_for is not None
+        )
 
     @overload
     def handler(self, func: A, /) -> A: ...

@@ -31,8 +31,9 @@ class Oldest:
 
 
 def oldest_dead_letter(channel: amqp.Channel, queue: str) -> Oldest | None:
-    """The oldest dead letter of ``queue`` by when it was first sent: the time in its UUIDv7
-    id, else its first failure, else when it was dead-lettered. None for an empty queue."""
+    """The oldest dead letter of ``queue`` by when it was first sent: the earliest of the
+    time in its UUIDv7 id, its first failure (before any replay) and when it was
+    dead-lettered. None for an empty queue."""
     dlq = dead_letter_queue(queue)
     oldest: Oldest | None = None
     for _ in range(min(depth(channel, dlq), MAX_SCANNED)):
@@ -47,6 +48,10 @@ def oldest_dead_letter(channel: amqp.Channel, queue: str) -> Oldest | None:
 
 
 def _born(properties: Mapping[str, Any]) -> dt.datetime | None:
+    """The earliest of the time in a UUIDv7 id and the failures the headers record (a
+    replayed dead letter's first delivery included): the id of a foreign producer may be
+    no UUIDv7, and its clock may be off."""
+    times: list[dt.datetime] = []
     message_id = _text(properties.get("message_id"))
     try:
         parsed = uuid.UUID(message_id) if message_id else None
@@ -54,17 +59,12 @@ def _born(properties: Mapping[str, Any]) -> dt.datetime | None:
         parsed = None
     if parsed is not None and parsed.version == _UUID7:
         millis = int.from_bytes(parsed.bytes[:6], "big")
-        return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
+        times.append(dt.datetime.fromtimestamp(millis / 1000, dt.UTC))
     headers: Mapping[str, Any] = properties.get("application_headers") or {}
-    for name in (h.FIRST_FAILURE, h.DEAD_LETTERED_AT):
-        value = headers.get(name)
-        if isinstance(value, str):
-            try:
-                at = dt.datetime.fromisoformat(value)
-            except ValueError:
-                continue
-            return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
-    return None
+    failed = h.earliest_failure(headers)
+    if failed is not None:
+        times.append(failed)
+    return min(times, default=None)
 
 
 def _text(value: object) -> str | None:

@@ -24,8 +24,8 @@ from typing import Any, Final
 
 from kombu.message import Message as Delivery
 
-from inbox.broker import headers as h
 from inbox.broker._confirms import PERSISTENT, fits_in_frame
+from inbox.broker._copies import trimmed_headers
 from inbox.broker._frames import RAW_PROPERTIES, UNREADABLE
 from inbox.broker._inbound import body_bytes, sent_headers
 from inbox.broker._policy import DeadLetterReason
@@ -44,15 +44,6 @@ _KEPT_PROPERTIES: Final = (
     "reply_to",
     "timestamp",
     "app_id",
-)
-# Headers a copy too large to send keeps: the bookkeeping and what decodes the body.
-_TRIMMED_KEEPS: Final = (
-    h.TRIES,
-    h.FIRST_FAILURE,
-    h.LAST_FAILURE,
-    h.ERROR,
-    h.FAILED_HANDLERS,
-    "compression",
 )
 
 
@@ -198,7 +189,8 @@ class Forwarder:
                 target,
                 dead_letters,
             )
-            prepared = self._prepare(delivery, _too_large(delivery, extra), trimmed=True)
+            trimmed = trimmed_headers(sent_headers(delivery), extra)
+            prepared = self._prepare(delivery, trimmed, trimmed=True)
             if target != dead_letters:
                 self.stats.dead_lettered += 1
             self.stats.dead_letter_reasons[str(DeadLetterReason.COPY_TOO_LARGE)] += 1
@@ -283,21 +275,3 @@ class Forwarder:
 
     def _fits(self, prepared: Any) -> bool:
         return fits_in_frame(self._connection, prepared)
-
-
-def _too_large(delivery: Delivery, extra: Mapping[str, Any]) -> dict[str, Any]:
-    dropped = sorted(set(sent_headers(delivery)) | set(extra))
-    headers = {k: v for k, v in extra.items() if k in _TRIMMED_KEEPS}
-    headers[h.REASON] = str(DeadLetterReason.COPY_TOO_LARGE)
-    headers[h.DEAD_LETTERED_AT] = h.now_utc()
-    headers[h.ERROR] = h.truncate(
-        f"the copy did not fit in one AMQP frame; headers dropped: {', '.join(dropped)}"
-        + (f"; it was for: {extra[h.REASON]}" if h.REASON in extra else "")
-        + (f"; latest failure: {extra[h.ERROR]}" if h.ERROR in extra else "")
-    )
-    if "compression" in sent_headers(delivery):
-        headers["compression"] = sent_headers(delivery)["compression"]
-    source = extra.get(h.SOURCE_QUEUE)
-    if source is not None:
-        headers[h.SOURCE_QUEUE] = source
-    return headers

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import struct
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from amqp.exceptions import ChannelError
+from amqp.exceptions import ChannelError, FrameSyntaxError
 from kombu.connection import Connection
 
 from inbox.broker._confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
@@ -31,6 +32,9 @@ logger = logging.getLogger("inbox.relay")
 # Type, content type and encoding (255 bytes each at most), message id, delivery mode, the
 # property flags and the frame envelope.
 _OTHER_PROPERTIES: Final = 4096
+# What py-amqp raises for a property or header it cannot encode, before it writes anything
+# of that publish (the relay checks the rows first; this keeps one it missed from killing it).
+_UNENCODABLE: Final = (struct.error, FrameSyntaxError, ValueError, TypeError, OverflowError)
 
 
 class BrokerLost(Exception):
@@ -159,7 +163,7 @@ class BatchPublisher:
         try:
             with corked(self._connection):
                 for row, prepared in ready:
-                    self._send(channel, row, prepared)
+                    self._send_or_refuse(channel, row, prepared, sent)
             self._tracker.wait(self._connection, self.confirm_timeout)
         except ChannelError as exc:
             # The channel is closed and which publish caused it is not certain (confirms
@@ -191,7 +195,7 @@ class BatchPublisher:
                 continue
             self._tracker.reset()
             try:
-                self._send(self._open_channel(), row, prepared)
+                self._send_or_refuse(self._open_channel(), row, prepared, sent)
                 self._tracker.wait(self._connection, self.confirm_timeout)
             except ChannelError as exc:
                 self._channel = None
@@ -203,12 +207,17 @@ class BatchPublisher:
             finally:
                 self._collect([row], sent)
 
-    def _send(self, channel: Any, row: OutboxRow, prepared: Any) -> None:
+    def _send_or_refuse(self, channel: Any, row: OutboxRow, prepared: Any, sent: Sent) -> None:
         message_id = str(row.id)
         self._published.add(message_id)
-        channel.basic_publish(
-            prepared, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
-        )
+        try:
+            channel.basic_publish(
+                prepared, exchange=row.exchange, routing_key=row.routing_key, mandatory=True
+            )
+        except _UNENCODABLE as exc:
+            self._published.discard(message_id)
+            sent.refused[row.id] = f"AMQP cannot carry the row: {error_line(exc)}"
+            return
         self._tracker.sent(message_id)
 
     def _collect(self, rows: Sequence[OutboxRow], sent: Sent) -> None:
@@ -244,7 +253,12 @@ class BatchPublisher:
                 sent.refused[row.id] = missing
                 return None
         prepared = self._prepare(self._open_channel(), row)
-        if self._may_overflow(row) and not fits_in_frame(self._connection, prepared):
+        try:
+            fits = not self._may_overflow(row) or fits_in_frame(self._connection, prepared)
+        except _UNENCODABLE as exc:
+            sent.refused[row.id] = f"AMQP cannot carry the row: {error_line(exc)}"
+            return None
+        if not fits:
             sent.refused[row.id] = (
                 "its properties (headers included) do not fit in one AMQP frame "
                 f"({self._connection.connection.frame_max} bytes)"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, text, update
 
+from inbox._headers import check_headers
+from inbox._outgoing import short_string
 from inbox.broker._relay_refusals import error_line, refusal_delay
 from inbox.outbox._row import OutboxRow, row_from_mapping
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
@@ -110,17 +112,23 @@ class OutboxRows:
         if connection.dialect.name in _LOCKING_DIALECTS:
             query = query.with_for_update(skip_locked=True)
         taken = Taken()
-        for row in connection.execute(query):
-            mapping = row._asdict()
+        for stored in connection.execute(query):
+            mapping = stored._asdict()
             row_id: uuid.UUID = mapping["id"]
             taken.attempts[row_id] = int(mapping["attempts"])
             headers = mapping["headers"]
             if isinstance(headers, str):
                 taken.header_sizes[row_id] = len(headers)
             try:
-                taken.rows.append(row_from_mapping(mapping))
+                row = row_from_mapping(mapping)
             except Exception as exc:  # a row written by hand or by another version
                 taken.unreadable[row_id] = f"the row cannot be read: {error_line(exc)}"
+                continue
+            unsendable = _unsendable(row)
+            if unsendable is None:
+                taken.rows.append(row)
+            else:
+                taken.unreadable[row_id] = f"AMQP cannot carry the row: {unsendable}"
         return taken
 
     def delete(self, connection: Connection, ids: Sequence[uuid.UUID]) -> int:
@@ -151,3 +159,17 @@ class OutboxRows:
                 for r in refusals
             ],
         )
+
+
+def _unsendable(row: OutboxRow) -> str | None:
+    """Why AMQP cannot carry ``row`` as it is stored (the rules ``Outbox.publish`` checks,
+    which a row written by hand may break), or None."""
+    try:
+        for name in ("type", "exchange", "routing_key", "content_type"):
+            short_string(name, getattr(row, name))
+        if row.content_encoding is not None:
+            short_string("content_encoding", row.content_encoding)
+        check_headers(row.headers, max_bytes=None)  # whether it fits a frame: checked later
+    except ValueError as exc:  # InvalidMessage (a TypeError too for a wrong type)
+        return error_line(exc)
+    return None

@@ -163,6 +163,9 @@ def _replayed(
 ) -> dict[str, Any]:
     copied = {k: v for k, v in properties.items() if k not in DROPPED_PROPERTIES}
     headers = dict(copied.get("application_headers") or {})
+    first = h.earliest_failure(headers)
+    if first is not None:  # what the retention guard dates it by, after any replay
+        headers[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
     if not keep_tries:
         for name in FAILURE_HEADERS:
             headers.pop(name, None)

@@ -29,6 +29,11 @@ SOURCE_QUEUE: Final = "x-inbox-queue"
 """On a dead letter: the queue it was consumed from."""
 DEAD_LETTERED_AT: Final = "x-inbox-dead-lettered-at"
 """On a dead letter: UTC time it was dead-lettered, ISO 8601."""
+ORIGINAL_FIRST_FAILURE: Final = "x-inbox-original-first-failure"
+"""On a replayed message: UTC time of the first failure of its first delivery, ISO 8601.
+A replay removes the failure headers (the tries start again) but writes this one, the
+earliest time it knows, and nothing removes it: the retention guard dates a dead letter by
+it however often it was replayed (:mod:`inbox.broker._dead_letter_age`)."""
 
 _MAX_ERROR_CHARS: Final = 1000
 _MAX_TRIES_HEADER: Final = 2**31 - 1  # a signed 32-bit AMQP field: room to add one
@@ -71,3 +76,25 @@ def describe(exc: BaseException) -> str:
 def truncate(text: str) -> str:
     """``text`` on one line, cut to the length a header carries, marking the cut."""
     return bounded(text, _MAX_ERROR_CHARS)
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    """A time header's value as an aware datetime (UTC when it names no zone), or None when
+    it is absent or not a time."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
+
+def earliest_failure(headers: Mapping[str, Any]) -> dt.datetime | None:
+    """The earliest failure the headers of a dead letter (or a replayed copy) record: the
+    first failure of its first delivery, else of this one, else when it was dead-lettered."""
+    times = [parse_time(headers.get(n)) for n in (ORIGINAL_FIRST_FAILURE, FIRST_FAILURE)]
+    times.append(parse_time(headers.get(DEAD_LETTERED_AT)))
+    return min((t for t in times if t is not None), default=None)

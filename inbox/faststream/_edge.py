@@ -22,10 +22,12 @@ from faststream.message import StreamMessage
 
 from inbox.aio import AsyncInbox
 from inbox.broker import headers as h
+from inbox.broker._copies import trimmed_headers
 from inbox.broker._inbound import read_id, read_message
 from inbox.broker._policy import (
     Ack,
     DeadLetter,
+    DeadLetterReason,
     Halt,
     Retry,
     dead_letter_headers,
@@ -81,9 +83,14 @@ class Transport(ABC):
         """Make sure every queue a copy may go to exists (called before the first copy)."""
 
     @abstractmethod
-    async def copy(self, msg: StreamMessage[Any], target: str, extra: Mapping[str, Any]) -> None:
-        """Send the delivery with ``extra`` headers added to ``target``, confirmed by the
-        broker; raise :class:`Refused` when it was not taken."""
+    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+        """Send the delivery to ``target`` with ``headers`` (all of them: its own and the
+        inbox's), confirmed by the broker; raise :class:`Refused` when it was not taken."""
+
+    def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
+        """Whether the copy of the delivery with ``headers`` is one the broker can take
+        (on RabbitMQ: its properties fit in one frame). Yes unless a broker says no."""
+        return True
 
     @abstractmethod
     def settleable(self, msg: StreamMessage[Any]) -> bool:
@@ -197,7 +204,7 @@ class InboxEdge:
         target, hold = self.transport.retry_route(msg, retry.delay_ms)
         if hold:
             await asyncio.sleep(hold)
-        await self._forward(msg, target, retry_headers(inbound.headers, retry))
+        await self._forward(msg, inbound, target, retry_headers(inbound.headers, retry))
 
     async def _dead_letter(
         self, msg: StreamMessage[Any], inbound: Inbound, dead: DeadLetter
@@ -216,16 +223,23 @@ class InboxEdge:
             f" after {dead.tries} tries" if dead.tries else "",
             dead.detail,
         )
-        await self._forward(msg, f"{queue}.dlq", dead_letter_headers(inbound.headers, dead, queue))
+        added = dead_letter_headers(inbound.headers, dead, queue)
+        await self._forward(msg, inbound, f"{queue}.dlq", added)
 
-    async def _forward(self, msg: StreamMessage[Any], target: str, extra: dict[str, Any]) -> None:
+    async def _forward(
+        self, msg: StreamMessage[Any], inbound: Inbound, target: str, added: dict[str, Any]
+    ) -> None:
         """The confirmed copy, then the ack; a refused copy is tried again after a backoff
-        while the delivery is held (the handlers do not run again)."""
+        while the delivery is held (the handlers do not run again). A copy the broker
+        cannot take at all (too large for a frame) goes to the .dlq trimmed instead."""
+        headers = {**inbound.headers, **added}
+        if not self.transport.fits(msg, headers):
+            target, headers = self._too_large(inbound, target, added)
         refusals = 0
         while True:
             try:
                 await self._prepare()
-                await self.transport.copy(msg, target, extra)
+                await self.transport.copy(msg, target, headers)
             except Refused as refused:
                 if not self.transport.settleable(msg):
                     logger.error(
@@ -246,6 +260,24 @@ class InboxEdge:
                 continue
             break
         await self._ack(msg)
+
+    def _too_large(
+        self, inbound: Inbound, target: str, added: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """Where a copy too large for the broker goes instead, with which headers: the
+        kombu worker's plan (:mod:`inbox.broker._copies`)."""
+        dead_letters = f"{self.transport.queue}.dlq"
+        logger.error(
+            "message %s: its copy for %s does not fit in one frame; dead-lettered to %s with "
+            "its own headers trimmed",
+            inbound.raw_id,
+            target,
+            dead_letters,
+        )
+        if target != dead_letters:
+            self.stats.dead_lettered += 1
+        self.stats.dead_letter_reasons[str(DeadLetterReason.COPY_TOO_LARGE)] += 1
+        return dead_letters, trimmed_headers(inbound.headers, added)
 
     async def _prepare(self) -> None:
         if self._prepared:

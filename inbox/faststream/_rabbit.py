@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import aio_pika
 import aiormq
@@ -23,6 +23,7 @@ from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
 from faststream.rabbit import QueueType as FastStreamQueueType
 from faststream.rabbit.subscriber import RabbitSubscriber
 from faststream.rabbit.testing import PatchedMessage
+from pamqp.header import ContentHeader
 
 from inbox.aio import AsyncInbox
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
@@ -30,6 +31,11 @@ from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport, logge
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_rabbit"]
+
+_FRAME_ENVELOPE: Final = 8  # frame type, channel, size; the frame-end octet
+# What FastStream may set that the copy measured here lacks (an app_id, a correlation id of
+# its own making): short strings, 255 bytes each at most.
+_ADDED_BY_FASTSTREAM: Final = 1024
 
 
 def subscribe_rabbit(
@@ -116,14 +122,40 @@ class _RabbitTransport(Transport):
             if queue.name != self.queue:
                 await self.broker.declare_queue(_faststream_queue(self.topology, queue.name))
 
-    async def copy(self, msg: StreamMessage[Any], target: str, extra: Mapping[str, Any]) -> None:
+    def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
+        raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
+        if isinstance(raw, PatchedMessage):
+            return True  # TestRabbitBroker: no frames
+        try:
+            frame_max = raw.channel.connection.connection_tune.frame_max
+        except Exception:  # the channel is gone: the copy is refused, and the delivery returns
+            return True
+        if not frame_max:
+            return True
+        copy = aio_pika.Message(
+            raw.body,
+            headers=dict(headers),
+            content_type=raw.content_type,
+            content_encoding=raw.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=raw.priority,
+            correlation_id=raw.correlation_id,
+            reply_to=raw.reply_to,
+            timestamp=raw.timestamp,
+            message_id=raw.message_id,
+            type=raw.type,
+        )
+        header = ContentHeader(0, len(raw.body), copy.properties).marshal()
+        return len(header) + _FRAME_ENVELOPE + _ADDED_BY_FASTSTREAM <= frame_max
+
+    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
         raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
         publish = functools.partial(
             self.broker.publish,
             raw.body,
             queue=target,
             persist=True,
-            headers={**(raw.headers or {}), **extra},
+            headers=dict(headers),
             content_type=raw.content_type,
             content_encoding=raw.content_encoding,
             message_id=raw.message_id,

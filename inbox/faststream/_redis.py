@@ -112,8 +112,8 @@ class _RedisTransport(Transport):
     async def prepare(self) -> None:
         """Streams come into being with their first entry."""
 
-    async def copy(self, msg: StreamMessage[Any], target: str, extra: Mapping[str, Any]) -> None:
-        headers = {key: str(value) for key, value in {**msg.headers, **extra}.items()}
+    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+        headers = {key: str(value) for key, value in headers.items()}
         correlation_id = headers.pop("correlation_id", None) or msg.correlation_id
         try:
             await self.broker.publish(

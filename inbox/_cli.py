@@ -49,16 +49,11 @@ class VersionRequested(Exception):
 
 class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        from importlib.metadata import PackageNotFoundError, version
-
         from inbox._startup import required_revision
+        from inbox._version import __version__
 
-        try:
-            release = version("inbox")
-        except PackageNotFoundError:
-            release = "(not installed)"
         raise VersionRequested(
-            f"{parser.prog} {release} (inbox schema revision {required_revision()})"
+            f"{parser.prog} {__version__} (inbox schema revision {required_revision()})"
         )
 
 

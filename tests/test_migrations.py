@@ -199,7 +199,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    [wheel] = build.glob("inbox-*.whl")
+    [wheel] = build.glob("sqlalchemy_inbox-*.whl")
     return wheel
 
 

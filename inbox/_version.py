@@ -5,7 +5,7 @@ from typing import Final
 
 __all__ = ["DISTRIBUTION", "__version__"]
 
-__version__: Final = "0.1.0"
+__version__ = "0.1.0"
 
 DISTRIBUTION: Final = "sqlalchemy-inbox"
 """The name to install: ``pip install sqlalchemy-inbox``; the import name is ``inbox``."""

@@ -53,10 +53,11 @@ class UsageError(Exception):
 
 
 def usage_line(prog: str, exc: BaseException) -> str:
-    """The one line a usage error prints: what is wrong, secrets masked, and where the usage
-    is (argparse would print its whole usage block first)."""
-    command = getattr(exc, "prog", None) or prog
-    return f"{prog}: error: {mask_urls(str(exc))} (see {command} --help)\n"
+    """The one line a usage error prints: what is wrong, secrets masked, and, for an error
+    the parser found, where the usage is (argparse would print its whole usage block)."""
+    command = getattr(exc, "prog", None)
+    hint = f" (see {command} --help)" if command else ""
+    return f"{prog}: error: {mask_urls(str(exc))}{hint}\n"
 
 
 class VersionRequested(Exception):

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.exc import DBAPIError
@@ -18,7 +19,6 @@ from support.databases import Database, effects_metadata
 from support.rabbit import Rabbit
 from support.worker import TIMEOUT, WorkerProcess, wait_until, worker_command
 
-from alembic import command
 from inbox._startup import (
     APP_VERSION_TABLE,
     SchemaNotReady,

@@ -229,12 +229,12 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             default_content_type=content_type,
             stats_interval=args.stats_interval,
         )
-        health = health_server(args, worker, inbox)
         relay = (
             RelayThread(relay_for(inbox, connection, args.relay_table), worker)
             if args.relay
             else None
         )
+        health = health_server(args, worker, inbox, relay.relay if relay else None)
     except VersionRequested as version:
         sys.stdout.write(f"{version.line}\n")
         return EXIT_OK

@@ -53,13 +53,27 @@ from inbox.schema import (
     resolve_table,
 )
 
-__all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "EXIT_NOT_FOUND", "admin_main"]
+__all__ = [
+    "BROKER_URL_ENV",
+    "EXIT_BROKER_ERROR",
+    "EXIT_NOT_FOUND",
+    "admin_main",
+    "command_parsers",
+]
 
 EXIT_BROKER_ERROR: Final = EXIT_DATABASE_ERROR
 EXIT_NOT_FOUND: Final = _commands.EXIT_NOT_FOUND
 
 
-def _parser() -> UsageParser:
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of ``inbox``, by command line (``"inbox"``, ``"inbox status"``,
+    ``"inbox dlq replay"``...): what the CLI reference of the docs is generated from."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    _parser(parsers)
+    return parsers
+
+
+def _parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> UsageParser:
     parser = UsageParser(
         prog="inbox",
         description="Look into and repair an inbox: claims, effects, outbox, dead letters.",
@@ -140,6 +154,10 @@ def _parser() -> UsageParser:
         ),
         add_help=False,
     )
+    if parsers is not None:
+        parsers["inbox"] = parser
+        parsers.update({f"inbox {name}": p for name, p in commands.choices.items()})
+        parsers.update({f"inbox dlq {name}": p for name, p in dlq_commands.choices.items()})
     return parser
 
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from amqp.exceptions import NotFound
 from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
@@ -71,11 +70,8 @@ def status(
     for queue in args.queues:
         assert broker is not None  # checked with the arguments
         name = dead_letters.dead_letter_queue(queue)
-        try:
-            with dead_letters.open_channel(broker) as channel:
-                report.dead_letters[name] = dead_letters.depth(channel, name)
-        except NotFound:  # a queue that is not there is part of the report, not its end
-            report.dead_letters[name] = None
+        # A queue that is not there is part of the report (None), not its end.
+        report.dead_letters[name] = dead_letters.depth_if_present(broker, name)
     if args.json:
         io.out.write(_render.as_json(report))
     else:

@@ -149,6 +149,16 @@ def depth(channel: amqp.Channel, queue: str) -> int:
     return int(channel.queue_declare(queue=queue, passive=True).message_count)
 
 
+def depth_if_present(broker: str, queue: str) -> int | None:
+    """Ready messages in ``queue`` on a channel of its own; None when the queue does not
+    exist (the broker closes the channel that asked, so the next question needs another)."""
+    try:
+        with open_channel(broker) as channel:
+            return depth(channel, queue)
+    except amqp.exceptions.NotFound:
+        return None
+
+
 def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadLetter]]:
     """The dead-letter queue's depth and its first ``limit`` messages, read without taking
     them: each is held unacked until the channel closes, then returns to its place."""

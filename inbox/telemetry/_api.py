@@ -12,9 +12,9 @@ microseconds per message for nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from inbox._version import __version__
 from inbox.telemetry import _names as n
 
 if TYPE_CHECKING:
@@ -44,12 +44,21 @@ class Instruments:
     process_duration: Histogram
 
 
+def _inbox_version() -> str:
+    from inbox._version import DISTRIBUTION, __version__
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return __version__
+
+
 def _make() -> Instruments | None:
     try:
         from opentelemetry import metrics, trace
     except ImportError:
         return None
-    release = __version__
+    release = _inbox_version()
     meter = metrics.get_meter(n.SCOPE, release)
 
     def counter(name: str, unit: str, description: str) -> Counter:

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 from support.databases import Database, effects
+from support.telemetry import sdk
 
 from inbox import Inbox, Message, Outbox
 from inbox.testing import FakeProvider, NotIdempotent, assert_idempotent
@@ -52,6 +53,7 @@ def test_the_same_call_through_inbox_effect_passes(server_db: Database) -> None:
 
 
 def test_an_outbox_table_compares_without_what_each_publish_sets_anew(db: Database) -> None:
+    sdk()  # tracing on: each publish stores the current span's traceparent in the headers
     inbox, outbox = Inbox(db.sessions), Outbox()
 
     @inbox.handler("order.created", name="orders.forward")

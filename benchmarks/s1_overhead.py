@@ -16,7 +16,7 @@ machine's noise hits them alike, and reporting the median and spread over the ro
 * on PostgreSQL through psycopg, also inbox-1-serial / inbox-3-serial: the same inboxes on
   the engine with ``inbox_share_round_trips=False``, i.e. the claim and its check each in a
   round trip of their own instead of riding the BEGIN's and the COMMIT's
-  (inbox/_shared_round_trips.py).
+  (inbox/_backends/_psycopg.py).
 
 ``--profile`` also runs pyinstrument over inbox-1 on the first database and saves the
 profile (text) next to the JSON.
@@ -63,7 +63,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outcome
-from inbox.testing.round_trips import RoundTripCounter
 
 SCENARIO = "S1"
 TITLE = "per-message overhead of inbox.process vs a plain transaction"
@@ -349,6 +348,9 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             with ExitStack() as stack:
                 url = where[database]
                 if options.network_latency_ms and database != "sqlite":
+                    # Imported here: s1_versions.py runs measure() on checkouts without it.
+                    from inbox.testing.round_trips import RoundTripCounter
+
                     target = make_url(url)
                     proxy = RoundTripCounter(
                         target.host or "127.0.0.1",

@@ -50,8 +50,8 @@ def child(mode: str, url: str) -> None:
 
     import inbox.telemetry
     from inbox import Inbox, Message, Outcome
-    from inbox._plan import Settlement
-    from inbox.telemetry._core import timed_claim
+    from inbox._settlement import Settlement
+    from inbox.telemetry._core import claim_timer
 
     def claim(message: Message) -> bool:
         return message is not None
@@ -84,10 +84,13 @@ def child(mode: str, url: str) -> None:
             started = time.perf_counter()
             for message in batch:
                 settlement = Settlement(message)
-                if timed_claim is None:
+                timer = claim_timer()
+                if timer is None:
                     claim(message)
                 else:
-                    timed_claim("bench.insert", claim, message)
+                    started_claim = timer.started()
+                    claim(message)
+                    timer.record("bench.insert", started_claim)
                 settlement.done("bench.insert", Outcome.PROCESSED)
                 settlement.result()
             return (time.perf_counter() - started) / messages * 1e6

@@ -11,8 +11,8 @@ round by round (odd rounds in reverse order), the median and (min..max) over the
 
 * plain-3: the handler in a plain session transaction, no inbox (for scale);
 * inbox-3: ``Inbox(sessionmaker(engine))`` on one schema reached through the connection's
-  ``search_path``: the shipped single-tenant path (the claim is sent with
-  ``exec_driver_sql``, rendered once);
+  ``search_path``: the shipped single-tenant path (BEGIN and the prepared claim in one
+  round trip, inbox/_backends/_psycopg.py);
 * inbox-3-map: ``Inbox(sessionmaker(engine.execution_options(schema_translate_map={None:
   t0})))``: one tenant, no routing function, but every statement (the claim included) goes
   through the schema translation;
@@ -28,11 +28,10 @@ Then, outside the timed rounds: the statements each variant sends per message an
 SQLAlchemy compiled-cache misses (an ``after_cursor_execute`` listener on 60 messages), the
 compiled-cache entries and the server-side prepared statements (psycopg prepares a
 statement text after 5 executions; each tenant's text differs) after the largest N; the
-claim alone on one connection three ways, alternated (the shipped ``exec_driver_sql`` text,
-the same statement through ``Connection.execute`` without a map, and the shipped claim under
-a ``schema_translate_map``: before ``fded24a`` that fell back to ``Connection.execute``, since
-it is the text rendered once for the map, so the difference should be gone); and the routing
-function alone against a plain ``sessionmaker()`` call (ns per call, no database).
+claim alone on one connection through SQLAlchemy (what every claim after a transaction's
+first and every other driver takes), without and under a ``schema_translate_map``,
+alternated; and the routing function alone against a plain ``sessionmaker()`` call (ns per
+call, no database).
 """
 
 from __future__ import annotations
@@ -68,12 +67,11 @@ from s1_overhead import (
     through,
 )
 from sqlalchemy import Connection, Engine, create_engine, event, insert, text
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message
-from inbox._claim import Claims, _rowcount_claimer
+from inbox._backends import Claims
 from inbox.schema import inbox_message
 from inbox.schema import metadata as inbox_metadata
 
@@ -88,7 +86,7 @@ def variants(counts: Sequence[int]) -> tuple[str, ...]:
     return ("plain-3", "inbox-3", "inbox-3-map", *(f"tenants-{n}" for n in counts), "select-1")
 
 
-CLAIM_PATHS = ("exec_driver_sql", "execute, no map", "under schema_translate_map")
+CLAIM_PATHS = ("no map", "under schema_translate_map")
 HANDLER = "bench.three_statements"
 
 
@@ -307,13 +305,10 @@ def prepared_statements(schemas: Schemas) -> dict[str, Any]:
 
 
 def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[float]]:
-    """µs per claim on one connection in one transaction (rolled back), three ways: wall
-    time ("<path>") and this process's CPU time ("<path>, client CPU")."""
+    """µs per claim on one connection in one transaction (rolled back), through SQLAlchemy
+    (the claim after the first of a transaction, and every driver's), with and without a
+    schema_translate_map: wall time ("<path>") and this process's CPU ("<path>, client CPU")."""
     table_claims = Claims(inbox_message)
-    statement = postgresql.insert(inbox_message).on_conflict_do_nothing(
-        index_elements=[inbox_message.c.message_id, inbox_message.c.handler]
-    )
-    core = _rowcount_claimer(statement)
     at = dt.datetime.now(dt.UTC)
     tenant = schemas.tenant_engine(schemas.tenants[0])
 
@@ -331,8 +326,7 @@ def claim_paths(schemas: Schemas, claims: int, rounds: int) -> dict[str, list[fl
     elapsed: list[float] = []
     cpu_elapsed: list[float] = []
     steps = {
-        "exec_driver_sql": functools.partial(run, schemas.engine, table_claims.claim),
-        "execute, no map": functools.partial(run, schemas.engine, core),
+        "no map": functools.partial(run, schemas.engine, table_claims.claim),
         "under schema_translate_map": functools.partial(run, tenant, table_claims.claim),
     }
     for step in steps.values():  # warm: caches, prepared statements
@@ -509,29 +503,19 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
         value, spread = median_spread(cpu[name])
         figures.append(Figure(f"{name}: client CPU us per message", value, "us", spread=spread))
 
-    def delta(path: str, suffix: str = "") -> list[float]:
+    def delta(suffix: str = "") -> list[float]:
         return [
             m - d
             for m, d in zip(
-                claims[f"{path}{suffix}"], claims[f"exec_driver_sql{suffix}"], strict=True
+                claims[f"under schema_translate_map{suffix}"],
+                claims[f"no map{suffix}"],
+                strict=True,
             )
         ]
 
-    cpu_suffix = ", client CPU"
     for label, values in (
-        (
-            "claim alone: under schema_translate_map - exec_driver_sql",
-            delta("under schema_translate_map"),
-        ),
-        ("claim alone: execute without a map - exec_driver_sql", delta("execute, no map")),
-        (
-            "claim alone, client CPU: under schema_translate_map - exec_driver_sql",
-            delta("under schema_translate_map", cpu_suffix),
-        ),
-        (
-            "claim alone, client CPU: execute without a map - exec_driver_sql",
-            delta("execute, no map", cpu_suffix),
-        ),
+        ("claim alone: under schema_translate_map - no map", delta()),
+        ("claim alone, client CPU: under schema_translate_map - no map", delta(", client CPU")),
         *((f"claim alone: {name}", claims[name]) for name in claims),
     ):
         value, spread = median_spread(values)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from inbox._batch_handlers import batched
-from inbox._commit_guard import Guards
+from inbox._guards import Guards
 from inbox._handlers import RegisteredHandler, Registry
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement
 from inbox._retry import Backoff, is_transient, run_with_retries
+from inbox._routing import CONFIGURATION_ERRORS, Planned
+from inbox._settlement import Settlement
 from inbox._transaction import HandlerTransaction
 from inbox.errors import ClaimCommittedEarly, HandlerFailed, InboxError
 from inbox.message import Message
@@ -251,7 +252,7 @@ class BatchProcessor:
             runs = handlers_to_run(batch, won, settlements)
             for handler, message, key in batched(runs, asynchronous=False):
                 transaction.run(handler, message, self._guards[handler.name], key)
-            transaction.commit()
+            transaction.check_and_commit()
         return finish(settlements)
 
 

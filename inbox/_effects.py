@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from sqlalchemy import Engine, Table
 
-from inbox._claim import check_supported
+from inbox._backends import check_supported
 from inbox._effect_ledger import (
     Call,
     EffectMode,

@@ -196,6 +196,8 @@ class Registry:
         self._by_type: dict[str, tuple[RegisteredHandler, ...]] = {}
         self._catch_all: tuple[RegisteredHandler, ...] = ()
         self._lock = threading.Lock()
+        self.typed = False
+        """Whether any handler has a ``body=`` type (else no body is ever parsed)."""
 
     def add(self, handler: RegisteredHandler) -> None:
         """Register ``handler``; a second handler under the same name is an error."""
@@ -215,6 +217,7 @@ class Registry:
                 t: tuple(h for h in handlers if h.message_type in (None, t)) for t in types
             }
             self._catch_all = tuple(h for h in handlers if h.message_type is None)
+            self.typed = any(h.parse_body is not None for h in handlers)
 
     def for_type(self, message_type: str | None) -> tuple[RegisteredHandler, ...]:
         """The handlers that take ``message_type``: its own plus the catch-alls, in order."""

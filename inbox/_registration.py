@@ -13,10 +13,10 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
 
+from inbox._backends import Claims
 from inbox._batch_handlers import check_batch_handler, one_element
 from inbox._bodies import body_parser
-from inbox._claim import Claims
-from inbox._commit_guard import Guards, transaction_guards
+from inbox._guards import Guards, transaction_guards
 from inbox._handlers import (
     KeyFunc,
     RegisteredHandler,
@@ -26,8 +26,8 @@ from inbox._handlers import (
     validate_name,
 )
 from inbox._middleware import check_layers, wrap_handler
-from inbox._plan import Planned, plan
 from inbox._retry import Backoff
+from inbox._routing import Planned, plan
 from inbox.errors import RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult, Unhandled

@@ -82,20 +82,29 @@ class Backoff:
         return float(self.base_delay * 2 ** (reruns + 1) * random.uniform(0.5, 1.5))
 
 
-def run_with_retries(work: Callable[[], R], backoff: Backoff, what: Callable[[], str]) -> R:
+def run_with_retries(
+    work: Callable[[], R],
+    backoff: Backoff,
+    what: Callable[[], str],
+    failure: Exception | None = None,
+) -> R:
     """Call ``work`` until it returns, re-running it after the errors ``backoff`` retries;
-    the last error propagates. ``what`` names the work in the log line of each retry."""
+    the last error propagates. ``what`` names the work in the log line of each retry;
+    ``failure`` is the error of a first attempt the caller already made."""
     reruns = 0
     while True:
+        if failure is not None:
+            delay = backoff.delay_after(failure, reruns)
+            if delay is None:
+                raise failure
+            reruns += 1
+            log_retry(what, failure, reruns, backoff, delay)
+            time.sleep(delay)
+            failure = None
         try:
             return work()
         except Exception as exc:
-            delay = backoff.delay_after(exc, reruns)
-            if delay is None:
-                raise
-            reruns += 1
-            log_retry(what, exc, reruns, backoff, delay)
-            time.sleep(delay)
+            failure = exc
 
 
 def log_retry(

@@ -2,84 +2,80 @@
 
 The whole idea, as :meth:`inbox.Inbox.process` runs it for one handler::
 
-    with HandlerTransaction(session_factory(), claims) as txn:  # BEGIN
-        if txn.claim(key, handler.name):                         # one INSERT decides
-            txn.run(handler, message)                            # in the same transaction
-            txn.commit()                                         # claim + writes, or neither
-    # leaving without commit() rolls back: the claim is released with the writes
+    with HandlerTransaction(session_factory(), claims) as txn:
+        if txn.begin_and_claim(key, handler.name):   # BEGIN; one INSERT decides
+            txn.run(handler, message, guards, key)   # in the same transaction
+            txn.check_and_commit()                   # claim + writes, or neither
+    # leaving without a commit rolls back: the claim is released with the writes
 
 A concurrent duplicate blocks on the uncommitted claim row and then sees the winner's
-outcome, so there is no "processing" state to repair after a crash.
+outcome, so there is no "processing" state to repair after a crash. What is particular to a
+database and driver lives in its backend (:mod:`inbox._backends`); the checks for handlers
+that end the transaction themselves in :mod:`inbox._misuse`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import inspect
-import logging
 from collections.abc import Collection, Sequence
 from contextvars import Token
 from types import TracebackType
-from typing import Final
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, SessionTransaction
 
-from inbox._claim import Claims
-from inbox._commit_guard import Guards, guard, unguard
+from inbox import _misuse as misuse
+from inbox._backends import Backend, Claimed, ClaimRow, Claims, TransactionState, backend_for
 from inbox._effect_run import CURRENT_RUN, HandlerRun
+from inbox._guards import Guards, guard, unguard
 from inbox._handlers import RegisteredHandler
-from inbox._retry import is_transient
-from inbox._session_checks import (
-    autocommits,
-    begin_claim_transaction,
-    ensure_committable,
-    refuse_busy_session,
-)
-from inbox._shared_round_trips import DIVISION_BY_ZERO, shares_round_trips, transaction_status
-from inbox.errors import (
-    ClaimCommittedEarly,
-    HandlerInterrupted,
-    RegistrationError,
-    TransactionControlError,
-)
+from inbox._sessions import refuse_autocommit, refuse_busy_session, refuse_shared_transaction
+from inbox.errors import HandlerInterrupted, RegistrationError
 from inbox.message import Message
+from inbox.telemetry._core import claim_timer
 
 __all__ = ["HandlerTransaction"]
 
-logger = logging.getLogger("inbox.core")
-_LIBPQ_IN_TRANSACTION: Final = 2  # PQTRANS_INTRANS: idle in a healthy transaction
+_NOT_CLAIMED = Claimed(won=False, marked=False, alone=False)
 
 
 class HandlerTransaction:
     """One transaction holding claims and the writes of the handlers that won them.
 
-    Use it as a context manager: entering begins the transaction (after refusing a session
-    the inbox cannot own); :meth:`claim` / :meth:`claim_many` insert claims; :meth:`run`
-    calls a handler behind guards; :meth:`commit` commits, after checking the transaction
-    still holds its claims. Leaving without a commit rolls back and closes the session.
+    Use it as a context manager. :meth:`begin_and_claim` (or, for a batch,
+    :meth:`claim_many`) begins it; :meth:`run` calls a handler behind guards;
+    :meth:`check_and_commit` commits after making sure the transaction still holds its
+    claims. Leaving without a commit rolls back and closes the session.
     """
+
+    __slots__ = (
+        "_at",
+        "_backend",
+        "_claimed",
+        "_claims",
+        "_committed",
+        "_connection",
+        "_owner",
+        "_ran",
+        "_session",
+        "_transaction",
+        "_won",
+    )
 
     def __init__(self, session: Session, claims: Claims, owner: object = None) -> None:
         refuse_busy_session(session)
-        self._owner = owner  # the inbox whose handlers run here, for inbox.effect()
         self._session = session
-        self._session_type = type(session)  # its methods, not the guards a handler sees
         self._claims = claims
+        self._owner = owner  # the inbox whose handlers run here, for inbox.effect()
+        self._transaction: SessionTransaction | None = None
+        self._claimed = _NOT_CLAIMED
         self._won: tuple[bytes, str] | None = None
         self._ran: list[tuple[RegisteredHandler, Message]] = []
         self._committed = False
         self._at = dt.datetime.now(dt.UTC)
 
     def __enter__(self) -> HandlerTransaction:
-        try:
-            self._transaction, self._connection = begin_claim_transaction(
-                self._session, self._claims.bind_clause
-            )
-        except BaseException:
-            self._end()
-            raise
         return self
 
     @property
@@ -87,18 +83,72 @@ class HandlerTransaction:
         """The connection the claims and the handlers' writes share."""
         return self._connection
 
-    def claim(self, key: bytes, handler: str) -> bool:
-        """Insert the claim ``(key, handler)``: True if this transaction won it, False if it
-        is a duplicate (already committed, or committed by a concurrent winner)."""
-        won = self._claims.claim(self._connection, key, handler, self._at)
-        if won and self._won is None:
+    @property
+    def backend(self) -> Backend:
+        """The backend of the connection's database and driver (once begun)."""
+        return self._backend
+
+    @property
+    def claims(self) -> Claims:
+        """The claim statements of the inbox's table."""
+        return self._claims
+
+    @property
+    def at(self) -> dt.datetime:
+        """The instant this transaction stamps on its claims."""
+        return self._at
+
+    @property
+    def claimed_as(self) -> Claimed:
+        """How the first claim went."""
+        return self._claimed
+
+    def begin(self) -> Connection:
+        """Begin the session's transaction (refusing one the inbox cannot own) and return
+        the connection the claims use; the driver begins with the first statement."""
+        session = self._session
+        bind = session.get_bind(clause=self._claims.bind_clause)
+        refuse_shared_transaction(session, bind)
+        self._transaction = session.begin()
+        connection = self._connection = session.connection(bind_arguments={"bind": bind})
+        backend = self._backend = backend_for(connection.dialect)
+        backend.watch(connection.engine)
+        if not backend.refuses_autocommit:
+            refuse_autocommit(connection)
+        return connection
+
+    def begin_and_claim(self, key: bytes, handler: str) -> bool:
+        """Begin, with the claim ``(key, handler)`` as the first statement: True if this
+        transaction won it, False if it is a duplicate (already committed, or committed by
+        a concurrent winner)."""
+        connection = self.begin()
+        row = ClaimRow(key, handler, self._at)
+        timer = claim_timer()
+        if timer is None:
+            claimed = self._backend.begin_and_claim(connection, self._claims, row)
+        else:
+            started = timer.started()
+            claimed = self._backend.begin_and_claim(connection, self._claims, row)
+            timer.record(handler, started)
+        self.claimed(claimed, key, handler)
+        return claimed.won
+
+    def claimed(self, claimed: Claimed, key: bytes, handler: str) -> None:
+        """Record how the first claim went (for callers that claim themselves)."""
+        self._claimed = claimed
+        if claimed.won:
             self._won = (key, handler)
-        return won
 
     def claim_many(self, keys: Sequence[bytes], handler: str) -> Collection[bytes]:
         """Insert the claims for distinct ``keys`` (sorted, so that concurrent batches lock
-        in the same order) in one statement; return the keys won."""
-        won = self._claims.claim_many(self._connection, keys, handler, self._at)
+        in the same order) in one statement, beginning first if need be; the keys won."""
+        if self._transaction is None:
+            self.begin()
+        timer = claim_timer()
+        started = 0.0 if timer is None else timer.started()
+        won = self._backend.claim_many(self._connection, self._claims, keys, handler, self._at)
+        if timer is not None:
+            timer.record(handler, started)
         if won and self._won is None:
             self._won = (next(iter(won)), handler)
         return won
@@ -108,10 +158,7 @@ class HandlerTransaction:
         back or close meanwhile; ``key`` is its claim key (what ``inbox.effect`` keys on).
         A :class:`BaseException` other than ``KeyboardInterrupt`` and ``SystemExit`` is
         raised as :class:`~inbox.HandlerInterrupted`."""
-        # handler_started() and handler_finished() inlined: this is the per-message path.
-        self._ran.append((handler, message))
-        guard(self._session, self._connection, guards)
-        current = CURRENT_RUN.set(HandlerRun(self._owner, key, handler.name, self._connection))
+        current = self.handler_started(handler, message, guards, key)
         try:
             returned = handler.func(message, self._session)
         except (Exception, KeyboardInterrupt, SystemExit):
@@ -119,8 +166,7 @@ class HandlerTransaction:
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
-            CURRENT_RUN.reset(current)
-            unguard(self._session, self._connection)
+            self.handler_finished(current)
         if inspect.isawaitable(returned):
             if inspect.iscoroutine(returned):
                 returned.close()  # never awaited: say so here rather than in a warning
@@ -133,18 +179,20 @@ class HandlerTransaction:
         self, handler: RegisteredHandler, message: Message, guards: Guards, key: bytes
     ) -> Token[HandlerRun | None]:
         """Record that ``handler`` runs on ``message`` under the claim ``key`` now, and
-        guard the session and the connection until :meth:`handler_finished` (for callers
-        that call it themselves); pass it the token returned."""
+        guard the session until :meth:`handler_finished` (for callers that call the handler
+        themselves); pass that the token returned."""
         self._ran.append((handler, message))
-        guard(self._session, self._connection, guards)
+        assert self._transaction is not None
+        guard(self._session, self._transaction, self._connection, guards)
         return CURRENT_RUN.set(HandlerRun(self._owner, key, handler.name, self._connection))
 
     def handler_finished(self, current: Token[HandlerRun | None]) -> None:
         """Take the guards down again; the session is the inbox's to commit or roll back."""
         CURRENT_RUN.reset(current)
-        unguard(self._session, self._connection)
+        assert self._transaction is not None
+        unguard(self._session, self._transaction, self._connection)
 
-    def commit(self) -> None:
+    def check_and_commit(self) -> None:
         """Commit the claims with the handlers' writes, or raise and commit nothing.
 
         Refused when the transaction is no longer the one that holds the claims: a handler
@@ -152,57 +200,30 @@ class HandlerTransaction:
         the database aborted it) — committing would apply its later writes without a claim,
         and every redelivery would apply them again.
         """
-        names = ", ".join(dict.fromkeys(h.name for h, _ in self._ran))
-        ensure_committable(self._session, self._transaction, self._connection, names)
-        if self._won is not None and self._commit_with_check(names):
+        session, connection, backend = self._session, self._connection, self._backend
+        assert self._transaction is not None
+        state = backend.state(connection, self._claimed)
+        if state is not TransactionState.OPEN or session.get_transaction() is not self._transaction:
+            self._check_unknown(state)
+            if self._committed:
+                return
+        # The handlers' writes and the claims commit together, or not at all.
+        type(session).commit(session)
+        self._committed = True
+
+    def _check_unknown(self, state: TransactionState) -> None:
+        names = self._names()
+        cause = backend_cause(self._backend, self._connection, state)
+        misuse.refuse_ended_transaction(self._session, self._transaction, state, cause, names)  # type: ignore[arg-type]
+        if state is TransactionState.OPEN:
             return
         if self._won is not None and not self._claims.held(self._connection, *self._won):
-            raise _claim_gone(names)
-        if autocommits(self._connection):
-            # A handler switched the connection to autocommit (MySQL's SET autocommit=1,
-            # which also committed everything before it): every write, the claim included,
-            # is already in. The connection must not go back to the pool in that mode.
-            logger.warning("handler(s) %s switched the connection to autocommit", names)
-            self._connection.invalidate()
+            raise misuse.claim_gone(names)
+        if misuse.switched_to_autocommit(self._connection, names):
             self._committed = True
-            return
-        # The handlers' writes and the claims commit together, or not at all.
-        self._session_type.commit(self._session)
-        self._committed = True
 
-    def _commit_with_check(self, names: str) -> bool:
-        """With psycopg 3 (inbox/_shared_round_trips.py), check the claim and COMMIT in one
-        round trip and return True; False leaves the commit to the usual path.
-
-        Not taken when the session's commit is not the driver's COMMIT (a savepoint: a session
-        joined to an outer transaction, a handler's unreleased ``begin_nested()``), or when
-        it would still write after the COMMIT went out (``before_commit`` listeners, objects
-        a flush leaves pending).
-        """
-        session, connection = self._session, self._connection
-        if (
-            session.dispatch.before_commit
-            or connection.in_nested_transaction()  # a savepoint: SQLAlchemy releases it
-            or not shares_round_trips(connection)
-            or transaction_status(connection) != _LIBPQ_IN_TRANSACTION
-        ):
-            return False
-        self._session_type.flush(session)
-        if session.new or session.dirty or session.deleted:
-            return False
-        assert self._won is not None
-        try:
-            self._claims.commit_if_held(connection, *self._won)
-        except DBAPIError as failure:
-            if getattr(failure.orig, "sqlstate", None) == DIVISION_BY_ZERO:
-                raise _claim_gone(names) from failure
-            raise
-        # The driver has committed; this completes the session's bookkeeping (and its
-        # after_commit events) without another round trip: psycopg sends nothing when no
-        # transaction is open.
-        self._session_type.commit(session)
-        self._committed = True
-        return True
+    def _names(self) -> str:
+        return ", ".join(dict.fromkeys(h.name for h, _ in self._ran))
 
     def __exit__(
         self,
@@ -210,80 +231,73 @@ class HandlerTransaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._committed:
-            self._end()
-            return
-        self._rollback()
-        try:
-            if exc is not None and self._ran and self._won is not None:
-                self._refuse_early_commit(exc)
-        finally:
-            self._end()
+        self.finish(exc)
 
-    def _refuse_early_commit(self, failure: BaseException) -> None:
-        """After rolling back a failed handler, raise :class:`~inbox.ClaimCommittedEarly` if
-        its claim survived: something committed the transaction under the inbox before the
-        failure, so a redelivery would be skipped as a duplicate.
+    @property
+    def duplicate(self) -> bool:
+        """Begun, lost its only claim, and ran nothing: nothing of ours to keep."""
+        return (
+            self._transaction is not None
+            and not self._committed
+            and not self._claimed.won
+            and not self._ran
+        )
 
-        Survived means the row is there with *this* transaction's ``processed_at``: a
-        concurrent delivery of the same message, blocked on our claim until the rollback,
-        may have claimed and committed the key since, under its own instant.
-        """
-        if not isinstance(failure, Exception) or _connection_lost(failure):
+    def finish(self, exc: BaseException | None, *, duplicate_ended: bool | None = None) -> None:
+        """End the transaction as leaving the ``with`` block does: close it if committed,
+        else roll it back (after a failed handler, telling an early commit apart), then
+        close the session. ``duplicate_ended`` says the backend already ended a duplicate's
+        transaction (an async caller awaited that itself)."""
+        session = self._session
+        if self._committed or self._transaction is None:
+            type(session).close(session)
             return
-        assert self._won is not None
-        key, handler = self._won
         try:
-            connection = self._session.connection(
-                bind_arguments={"clause": self._claims.bind_clause}
-            )
-            if connection.dialect.name in ("mysql", "mariadb"):
-                # LOCK TABLES (which also commits) outlives ROLLBACK: release it, or the check
-                # fails and the connection goes back to the pool holding table locks.
-                connection.exec_driver_sql("UNLOCK TABLES")
-            survived = self._claims.claimed_at(connection, key, handler) == self._at
-            self._rollback()
-        except Exception as check_failed:
-            if is_transient(check_failed):
-                logger.warning(
-                    "could not check whether a failed handler's claim was committed (%s)",
-                    type(check_failed).__name__,
-                )
+            alive = not self._connection.invalidated
+            if exc is None and self.duplicate and alive:
+                if duplicate_ended is None:
+                    duplicate_ended = self._backend.end_duplicate(self._connection, self._claimed)
+                if not duplicate_ended:
+                    self._backend.before_rollback(self._connection)
+                self._rollback()
                 return
-            # Not knowing must not turn into a silent duplicate on the next try.
-            raise TransactionControlError(
-                f"handler {handler!r} failed, and whether its claim had been committed under "
-                f"the inbox could not be checked ({type(check_failed).__name__}: "
-                f"{check_failed}); the worker role needs SELECT on the inbox table's "
-                "message_id, handler and processed_at"
-            ) from failure
-        if survived:
-            handler_run, message = self._ran[-1]
-            raise ClaimCommittedEarly(handler_run.name, message.id) from failure
+            intact = self._state_if_alive(exc) if alive else None
+            if alive:
+                self._backend.before_rollback(self._connection)
+            self._rollback()
+            if (
+                isinstance(exc, Exception)
+                and self._ran
+                and self._won is not None
+                and intact is not TransactionState.OPEN  # held the claim to the end
+                and misuse.early_commit(
+                    session, self._claims, self._backend, exc, self._won, at=self._at
+                )
+            ):
+                handler, message = self._ran[-1]
+                raise misuse.committed_early(handler.name, exc, message.id)
+        finally:
+            type(session).close(session)
+
+    def _state_if_alive(self, exc: BaseException | None) -> TransactionState | None:
+        # None: the connection is gone (nothing to roll back or check on it).
+        if exc is not None and misuse.connection_lost(exc):
+            return None
+        try:
+            return self._backend.state(self._connection, self._claimed)
+        except Exception:  # an invalidated connection: the rollback below says what it can
+            return TransactionState.UNKNOWN
 
     def _rollback(self) -> None:
         """Roll back without letting a failing rollback hide the failure being handled."""
         try:
-            self._session_type.rollback(self._session)
+            type(self._session).rollback(self._session)
         except Exception:
-            logger.exception("rollback after a failed handler transaction failed as well")
-
-    def _end(self) -> None:
-        self._session_type.close(self._session)
+            misuse.logger.exception("rollback after a failed handler transaction failed as well")
 
 
-def _claim_gone(names: str) -> TransactionControlError:
-    return TransactionControlError(
-        f"handler(s) {names} ended the inbox's transaction (a raw ROLLBACK, the "
-        "driver's rollback(), or an error the database aborted it for): the claim is "
-        "gone, so nothing was committed. Never end the transaction in a handler."
-    )
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, DBAPIError) and seen.connection_invalidated:
-            return True
-        seen = seen.__cause__
-    return False
+def backend_cause(
+    backend: Backend, connection: Connection, state: TransactionState
+) -> BaseException | None:
+    """The error the backend remembers the transaction was aborted for, when ABORTED."""
+    return backend.abort_cause(connection) if state is TransactionState.ABORTED else None

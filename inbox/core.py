@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
@@ -16,10 +16,10 @@ from inbox._effect_ledger import EffectMode
 from inbox._effects import EffectCall, Effects
 from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox._middleware import wrap_delivery
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
-from inbox._retry import run_with_retries
-from inbox._session_checks import check_session_factory
+from inbox._routing import CONFIGURATION_ERRORS, Planned, require_messages
+from inbox._sessions import check_session_factory
+from inbox._settlement import Failed, Pause, Run, advance, settle
 from inbox._transaction import HandlerTransaction
 from inbox.errors import InboxError
 from inbox.message import Message
@@ -260,29 +260,30 @@ class Inbox(InboxBase[Session]):
         return self._effects.run(step, call, mode)
 
     def _settle(self, planned: Planned) -> ProcessResult:
-        message = planned.message
-        settlement = Settlement(message)
-        for handler, key in zip(planned.handlers, planned.keys, strict=True):
-            run = functools.partial(self._run_once, handler, key, message)
-            what = functools.partial(describe, handler, message)
-            with settlement.running(handler.name):
-                try:
-                    outcome = run_with_retries(run, self._backoff, what)
-                except CONFIGURATION_ERRORS:
-                    raise
-                except Exception as exc:
-                    settlement.failed(handler.name, exc)
-                else:
-                    settlement.done(handler.name, outcome)
-        return settlement.result()
+        # The decisions are settle()'s (inbox/_settlement.py); here they are carried out.
+        steps, reply = settle(planned, self._backoff), None
+        while not isinstance(step := advance(steps, reply), ProcessResult):
+            reply = self._attempt(step) if isinstance(step, Run) else _pause(step)
+        return step
+
+    def _attempt(self, run: Run) -> Outcome | Failed:
+        try:
+            return self._run_once(run.handler, run.key, run.message)
+        except BaseException as exc:  # settle() raises an exit exception again
+            return Failed(exc)
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         with self._transaction(message) as transaction:
-            if not transaction.claim(key, handler.name):
+            if not transaction.begin_and_claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             transaction.run(handler, message, self._guards[handler.name], key)
-            transaction.commit()
+            transaction.check_and_commit()
         return Outcome.PROCESSED
 
     def _transaction(self, message: Message | None = None) -> HandlerTransaction:
         return HandlerTransaction(self._new_session(message), self._claims, self)
+
+
+def _pause(pause: Pause) -> Failed | None:
+    time.sleep(pause.seconds)
+    return None

@@ -68,8 +68,7 @@ def is_point(point: str, statement: str) -> bool:
         return sql.startswith("insert into inbox_message")
     if point in ("handler-first-statement", "handler-second-statement"):
         return sql.startswith("insert into effects")
-    # psycopg sends the check as "SELECT 1 / count(*)" together with the COMMIT.
-    checks = sql.startswith(("select count(*)", "select 1 / count(*)"))
+    checks = sql.startswith("select count(*)")
     return point == "claim-check" and checks and "inbox_message" in sql
 
 
@@ -134,6 +133,13 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
             event.listen(sync_engine, "commit", on_commit)
             try:
                 task = asyncio.create_task(inbox.process(fixed(1)))
+                if point == "claim-check" and adb.driver == "psycopg":
+                    # No claim check on psycopg: the server's reported marker says the
+                    # transaction is the claim's (inbox/_backends/_psycopg.py).
+                    assert (await task).outcome is Outcome.PROCESSED
+                    assert cancelled_at == []
+                    assert adb.db.effect_counts() == BOTH_EFFECTS
+                    return
                 with pytest.raises(asyncio.CancelledError):
                     await task
             finally:
@@ -145,8 +151,7 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
             assert sessions.left_open() == []
             assert_no_lock_held(adb)
             effects, held = adb.db.effect_counts(), claims(adb)
-            # psycopg's claim check carries the COMMIT (inbox/_shared_round_trips.py).
-            commit_sent = point == "commit" or "1 / count(*)" in cancelled_at[0].lower()
+            commit_sent = point == "commit"
             if commit_sent:
                 # The COMMIT may have reached the server before the cancellation: then the
                 # claim and every effect landed together, never one without the other.

@@ -71,7 +71,7 @@ def test_each_driver_sends_the_claim_it_was_built_for(adb: AsyncDatabase) -> Non
     assert len(seen) == 2
     statement, compiled = seen[0]
     if adb.driver == "psycopg":
-        assert (compiled, "%(message_id)s" in statement) == (False, True)
+        assert compiled  # statement listeners see the claim: it goes through SQLAlchemy
     elif adb.driver == "asyncpg":
         assert (compiled, "$1" in statement) == (True, True)
     else:

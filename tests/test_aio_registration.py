@@ -22,7 +22,7 @@ from inbox import (
     SessionConfigurationError,
     UnsupportedDialect,
 )
-from inbox._claim import check_supported
+from inbox._backends import check_supported
 from inbox.aio import AsyncInbox
 from inbox.schema import metadata
 

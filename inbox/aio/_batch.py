@@ -19,10 +19,11 @@ from inbox._batch import (
     split,
 )
 from inbox._batch_handlers import batched
-from inbox._commit_guard import Guards
+from inbox._guards import Guards
 from inbox._handlers import Registry
-from inbox._plan import Planned, Settlement
 from inbox._retry import Backoff
+from inbox._routing import Planned
+from inbox._settlement import Settlement
 from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.errors import HandlerFailed
@@ -96,5 +97,5 @@ class AsyncBatchProcessor:
             runs = handlers_to_run(batch, won, settlements)
             for handler, message, key in batched(runs, asynchronous=True):
                 await transaction.run(handler, message, self._guards[handler.name], key)
-            await transaction.commit()
+            await transaction.check_and_commit()
         return finish(settlements)

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from inbox._claim import check_supported
+from inbox._backends import check_supported
 from inbox._effect_ledger import Call, EffectRef, Ledger, Stored
 from inbox._effect_run import HandlerRun
 from inbox._effects import (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -14,12 +15,12 @@ from sqlalchemy.orm import Session
 from inbox._effect_ledger import EffectMode
 from inbox._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox._middleware import wrap_delivery
-from inbox._plan import CONFIGURATION_ERRORS, Planned, Settlement, describe, require_messages
 from inbox._registration import InboxBase
-from inbox._session_checks import check_session_factory
+from inbox._routing import CONFIGURATION_ERRORS, Planned, require_messages
+from inbox._sessions import check_session_factory
+from inbox._settlement import Failed, Pause, Run, advance, settle
 from inbox.aio._batch import AsyncBatchProcessor
 from inbox.aio._effects import AsyncEffectCall, AsyncEffects
-from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
@@ -240,28 +241,24 @@ class AsyncInbox(InboxBase[AsyncSession]):
         return await self._effects.run(step, call, mode)
 
     async def _settle(self, planned: Planned) -> ProcessResult:
-        message = planned.message
-        settlement = Settlement(message)
-        for handler, key in zip(planned.handlers, planned.keys, strict=True):
-            run = functools.partial(self._run_once, handler, key, message)
-            what = functools.partial(describe, handler, message)
-            with settlement.running(handler.name):
-                try:
-                    outcome = await run_with_retries(run, self._backoff, what)
-                except CONFIGURATION_ERRORS:
-                    raise
-                except Exception as exc:
-                    settlement.failed(handler.name, exc)
-                else:
-                    settlement.done(handler.name, outcome)
-        return settlement.result()
+        # The decisions are settle()'s (inbox/_settlement.py); here they are awaited.
+        steps, reply = settle(planned, self._backoff), None
+        while not isinstance(step := advance(steps, reply), ProcessResult):
+            reply = await (self._attempt(step) if isinstance(step, Run) else _pause(step))
+        return step
+
+    async def _attempt(self, run: Run) -> Outcome | Failed:
+        try:
+            return await self._run_once(run.handler, run.key, run.message)
+        except BaseException as exc:  # settle() raises an exit exception again
+            return Failed(exc)
 
     async def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
         async with self._transaction(message) as transaction:
-            if not await transaction.claim(key, handler.name):
+            if not await transaction.begin_and_claim(key, handler.name):
                 return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
             await transaction.run(handler, message, self._guards[handler.name], key)
-            await transaction.commit()
+            await transaction.check_and_commit()
         return Outcome.PROCESSED
 
     def _transaction(self, message: Message | None = None) -> AsyncHandlerTransaction:
@@ -284,3 +281,8 @@ def _sync_session(session_factory: Callable[[], AsyncSession]) -> Session:
         "session_factory must return a sqlalchemy.ext.asyncio.AsyncSession (use "
         f"async_sessionmaker(engine)), got {type(session).__name__}"
     )
+
+
+async def _pause(pause: Pause) -> Failed | None:
+    await asyncio.sleep(pause.seconds)
+    return None

@@ -1,12 +1,12 @@
-"""The handler transaction, awaited: :class:`~inbox._transaction.HandlerTransaction` run on
-the ``AsyncSession``'s synchronous side.
+"""The handler transaction, awaited: :class:`~inbox._transaction.HandlerTransaction` driven
+from async code.
 
 SQLAlchemy's asyncio layer is a thin shell around the blocking ``Session``: ``run_sync``
 runs blocking-style code on ``AsyncSession.sync_session`` in a greenlet and awaits the
-driver wherever that code does I/O. So every step of the blocking transaction (begin and
-the checks, the claim, the claim-held check and commit, the rollback and the early-commit
-check) runs here unchanged; only the handler is awaited, between guards that shadow the same
-``Session`` and ``Connection`` methods the ``AsyncSession`` delegates to.
+driver wherever that code does I/O. So the blocking transaction's steps (begin and the
+checks, the claim-row read and commit, the rollback and the early-commit check) run here
+unchanged; the handler is awaited between the same guards, and a backend that speaks to its
+driver directly (psycopg 3) awaits its claim natively.
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 from typing import cast
 
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from inbox._claim import Claims
-from inbox._commit_guard import Guards
+from inbox._backends import ClaimRow, Claims
+from inbox._guards import Guards
 from inbox._handlers import RegisteredHandler
 from inbox._transaction import HandlerTransaction
 from inbox.aio._completion import run_to_completion
 from inbox.errors import HandlerInterrupted, RegistrationError, SessionConfigurationError
 from inbox.message import Message
+from inbox.telemetry._core import claim_timer
 
 __all__ = ["AsyncHandlerTransaction"]
 
@@ -33,11 +35,14 @@ __all__ = ["AsyncHandlerTransaction"]
 class AsyncHandlerTransaction:
     """One transaction holding claims and the writes of the async handlers that won them.
 
-    ``async with`` begins it; :meth:`claim` / :meth:`claim_many` insert claims; :meth:`run`
-    awaits a handler behind guards; :meth:`commit` commits after checking the claims are
-    still held. Leaving without a commit (an error, a cancellation) rolls back and closes
-    the session, to completion even when the task is cancelled again meanwhile.
+    ``async with`` it; :meth:`begin_and_claim` / :meth:`claim_many` begin it and insert
+    claims; :meth:`run` awaits a handler behind guards; :meth:`check_and_commit` commits
+    after checking the claims are still held. Leaving without a commit (an error, a
+    cancellation) rolls back and closes the session, to completion even when the task is
+    cancelled again meanwhile.
     """
+
+    __slots__ = ("_session", "_transaction")
 
     def __init__(self, session: AsyncSession, claims: Claims, owner: object = None) -> None:
         if not isinstance(session, AsyncSession):
@@ -49,19 +54,26 @@ class AsyncHandlerTransaction:
         self._transaction = HandlerTransaction(session.sync_session, claims, owner)
 
     async def __aenter__(self) -> AsyncHandlerTransaction:
-        # On failure (a cancellation included) __enter__ has closed the session itself.
-        await self._session.run_sync(_sync_step(self._transaction.__enter__))
         return self
 
-    async def claim(self, key: bytes, handler: str) -> bool:
-        """Insert the claim ``(key, handler)``: True if won, False if a duplicate."""
-        claim = self._transaction.claim
-        return await self._session.run_sync(lambda _: claim(key, handler))
+    async def begin_and_claim(self, key: bytes, handler: str) -> bool:
+        """Begin with the claim ``(key, handler)``: True if won, False if a duplicate."""
+        transaction = self._transaction
+        connection = await self._session.run_sync(_begin, transaction)
+        row = ClaimRow(key, handler, transaction.at)
+        timer = claim_timer()
+        started = 0.0 if timer is None else timer.started()
+        claimed = await transaction.backend.begin_and_claim_async(
+            self._session, connection, transaction.claims, row
+        )
+        if timer is not None:
+            timer.record(handler, started)
+        transaction.claimed(claimed, key, handler)
+        return claimed.won
 
     async def claim_many(self, keys: Sequence[bytes], handler: str) -> Collection[bytes]:
         """Insert the claims for distinct sorted ``keys`` in one statement; the keys won."""
-        claim_many = self._transaction.claim_many
-        return await self._session.run_sync(lambda _: claim_many(keys, handler))
+        return await self._session.run_sync(_claim_many, self._transaction, keys, handler)
 
     async def run(
         self, handler: RegisteredHandler, message: Message, guards: Guards, key: bytes
@@ -88,9 +100,9 @@ class AsyncHandlerTransaction:
         finally:
             self._transaction.handler_finished(current)
 
-    async def commit(self) -> None:
+    async def check_and_commit(self) -> None:
         """Commit the claims with the handlers' writes, or raise and commit nothing."""
-        await self._session.run_sync(_sync_step(self._transaction.commit))
+        await self._session.run_sync(_check_and_commit, self._transaction)
 
     async def __aexit__(
         self,
@@ -98,12 +110,36 @@ class AsyncHandlerTransaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        end = self._transaction.__exit__
-        await run_to_completion(self._session.run_sync(lambda _: end(exc_type, exc, traceback)))
+        await run_to_completion(self._finish(exc))
+
+    async def _finish(self, exc: BaseException | None) -> None:
+        transaction = self._transaction
+        ended = None
+        if exc is None and transaction.duplicate:
+            ended = await transaction.backend.end_duplicate_async(
+                self._session, transaction.connection, transaction.claimed_as
+            )
+        await self._session.run_sync(_finish, transaction, exc, ended)
 
 
-def _sync_step(step: Callable[[], object]) -> Callable[[object], None]:
-    def run(_session: object) -> None:
-        step()
+def _begin(_session: object, transaction: HandlerTransaction) -> Connection:
+    return transaction.begin()
 
-    return run
+
+def _claim_many(
+    _session: object, transaction: HandlerTransaction, keys: Sequence[bytes], handler: str
+) -> Collection[bytes]:
+    return transaction.claim_many(keys, handler)
+
+
+def _check_and_commit(_session: object, transaction: HandlerTransaction) -> None:
+    transaction.check_and_commit()
+
+
+def _finish(
+    _session: object,
+    transaction: HandlerTransaction,
+    exc: BaseException | None,
+    ended: bool | None,
+) -> None:
+    transaction.finish(exc, duplicate_ended=ended)

@@ -11,9 +11,10 @@ microseconds per message for nothing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from inbox.telemetry import _names as n
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram
     from opentelemetry.trace import Tracer
 
-__all__ = ["INSTRUMENTS", "Instruments", "configured", "metering", "tracing"]
+__all__ = ["INSTRUMENTS", "Instruments", "configured", "metering", "refresh", "tracing"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,54 +98,71 @@ INSTRUMENTS: Instruments | None = _make()
 """None when ``opentelemetry-api`` is not installed."""
 
 
-_UNKNOWN = object()
-
-
 class _Providers:
-    """Whether a tracer and a meter provider have been set. OpenTelemetry sets each at most
-    once and never unsets it, so a True is kept and only a False is looked at again."""
+    """Whether a tracer and a meter provider have been set, asked through the public API.
 
-    __slots__ = ("_metrics_api", "_trace_api", "metrics", "traces")
+    OpenTelemetry sets each at most once and never unsets it, so a True is kept; a False is
+    looked at again at most once a second (an application configures its SDK at start;
+    asking on every message would cost more than the message's telemetry).
+    """
+
+    __slots__ = ("_next_look", "metrics", "traces")
 
     def __init__(self) -> None:
         self.traces = self.metrics = False
-        self._trace_api: object = None
-        self._metrics_api: object = None
-        if INSTRUMENTS is not None:
-            from opentelemetry import trace
-            from opentelemetry.metrics import _internal
+        self._next_look = 0.0
 
-            self._trace_api, self._metrics_api = trace, _internal
-
-    # The API's own proxies forward only once these globals are set: the one internal name
-    # of each relied on. Were one renamed, every hook would record, which is still correct.
     def tracing(self) -> bool:
-        if not self.traces and self._trace_api is not None:
-            self.traces = getattr(self._trace_api, "_TRACER_PROVIDER", _UNKNOWN) is not None
+        """A tracer provider has been set."""
+        if not self.traces and time.monotonic() >= self._next_look:
+            self._look()
         return self.traces
 
     def metering(self) -> bool:
-        if not self.metrics and self._metrics_api is not None:
-            self.metrics = getattr(self._metrics_api, "_METER_PROVIDER", _UNKNOWN) is not None
+        """A meter provider has been set."""
+        if not self.metrics and time.monotonic() >= self._next_look:
+            self._look()
         return self.metrics
 
+    def any(self) -> bool:
+        """A tracer or a meter provider has been set."""
+        if not (self.traces or self.metrics) and time.monotonic() >= self._next_look:
+            self._look()
+        return self.traces or self.metrics
 
+    def refresh(self) -> None:
+        """Look at once, at the next question, for a provider set since the last look."""
+        self._next_look = 0.0
+
+    def _look(self) -> None:
+        if INSTRUMENTS is None:
+            self._next_look = float("inf")
+            return
+        self._next_look = time.monotonic() + _LOOK_AGAIN
+        from opentelemetry import metrics, trace
+
+        # Before a provider is set, each getter returns the API's proxy: for traces a public
+        # class; for metrics a private one, told by name (were it renamed, the inbox would
+        # record through the proxy: still correct, only costlier). tests/test_telemetry.py
+        # is the canary.
+        self.traces = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        self.metrics = type(metrics.get_meter_provider()).__name__ != _METER_PROXY
+
+
+_LOOK_AGAIN: Final = 1.0  # seconds
+_METER_PROXY: Final = "_ProxyMeterProvider"
 _PROVIDERS = _Providers()
-
-
-def tracing() -> bool:
-    """An OpenTelemetry tracer provider has been set (an SDK records spans)."""
-    return _PROVIDERS.traces or _PROVIDERS.tracing()
-
-
-def metering() -> bool:
-    """An OpenTelemetry meter provider has been set (an SDK records metrics)."""
-    return _PROVIDERS.metrics or _PROVIDERS.metering()
+tracing = _PROVIDERS.tracing
+"""An OpenTelemetry tracer provider has been set (an SDK records spans)."""
+metering = _PROVIDERS.metering
+"""An OpenTelemetry meter provider has been set (an SDK records metrics)."""
+refresh = _PROVIDERS.refresh
+"""Look for a provider set since the inbox last looked (it looks at most once a second)."""
 
 
 def configured() -> Instruments | None:
     """The instruments when the API is installed and a tracer or meter provider is set;
     None otherwise: then there is nothing to record."""
-    if INSTRUMENTS is None or not (tracing() or metering()):
+    if INSTRUMENTS is None or not _PROVIDERS.any():
         return None
     return INSTRUMENTS

@@ -1,18 +1,17 @@
 """What the core records: each handler's outcome, time and span, claim times, message age.
 
-:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._plan.Settlement`
-feeds with outcomes as they come in; :data:`timed_claim` times the claim statement. Without
-OpenTelemetry both are None, and until an SDK is configured :func:`watch` returns None and
-:data:`timed_claim` only calls the claim: the core pays a comparison or a call.
+:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._settlement.Settlement`
+feeds with outcomes as they come in; :func:`claim_timer` times the claim statement. Without
+OpenTelemetry, or until an SDK is configured, both return None: the core pays a call.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from inbox.result import Outcome
 from inbox.telemetry import _names as n
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
     from inbox.message import Message
 
-__all__ = ["FAILED", "MessageWatch", "message_time", "timed_claim", "watch"]
+__all__ = ["FAILED", "ClaimTimer", "MessageWatch", "claim_timer", "message_time", "watch"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -195,16 +194,25 @@ def watch(message: Message) -> MessageWatch | None:
     return MessageWatch(instruments, message)
 
 
-def _timed_claim(handler: str, claim: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+def claim_timer() -> ClaimTimer | None:
+    """Something to time the claim statement with (``started()``, then ``record(handler,
+    started)``) once a meter provider is set; None otherwise: the claim is not timed."""
     if INSTRUMENTS is None or not metering():
-        return claim(*args, **kwargs)
-    started = time.perf_counter()
-    try:
-        return claim(*args, **kwargs)
-    finally:
+        return None
+    return _CLAIM_TIMER
+
+
+class ClaimTimer:
+    """Records how long claim statements take (``inbox.claim.duration``, by handler)."""
+
+    __slots__ = ()
+
+    started = staticmethod(time.perf_counter)
+
+    def record(self, handler: str, started: float) -> None:
+        """Record a claim of ``handler`` that began at ``started`` (``perf_counter``)."""
+        assert INSTRUMENTS is not None
         INSTRUMENTS.claim_duration.record(time.perf_counter() - started, {n.HANDLER: handler})
 
 
-timed_claim = None if INSTRUMENTS is None else _timed_claim
-"""``timed_claim(handler, claim, *args)`` runs ``claim(*args)`` and records its duration
-(once a meter provider is set); None without OpenTelemetry (call the claim directly then)."""
+_CLAIM_TIMER: Final = ClaimTimer()

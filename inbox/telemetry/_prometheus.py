@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from inbox.telemetry._api import refresh
+
 __all__ = ["Exposition", "MissingExtra", "prometheus_exposition"]
 
 logger = logging.getLogger("inbox.telemetry")
@@ -40,6 +42,7 @@ def prometheus_exposition() -> Exposition:
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)
+    refresh()
     if metrics.get_meter_provider() is not provider:
         provider.shutdown()
         logger.warning(

@@ -174,5 +174,5 @@ def _then_raise(
 def _hide_injected(record: logging.LogRecord) -> bool:
     """Keep the inbox's log of a failed handler for real failures only: the ones injected
     here would fill a failing test's captured log with tracebacks of no interest."""
-    raised = record.exc_info[1] if record.exc_info else None
+    raised = getattr(record, "inbox_error", None)
     return not isinstance(raised, InjectedFailure | SimulatedCrash)

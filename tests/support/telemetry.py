@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from inbox.telemetry import refresh
+
 __all__ = ["Sdk", "sdk"]
 
 
@@ -92,4 +94,5 @@ def sdk() -> Sdk:
     trace.set_tracer_provider(tracer_provider)
     installed = (metrics.get_meter_provider(), trace.get_tracer_provider())
     assert installed == (meter_provider, tracer_provider), "other providers were installed first"
+    refresh()  # the inbox looks for a provider at most once a second by itself
     return Sdk(reader, exporter)

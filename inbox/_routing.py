@@ -1,46 +1,31 @@
-"""The decisions around the handler transactions that do no I/O: which handlers take a
-message and under which keys, and how their outcomes become a result or an error.
-
-Blocking and async inboxes share these; only running the transactions differs.
-"""
+"""Which handlers take a message and under which claim keys, decided before any I/O
+(typed bodies checked too), and the errors that say the inbox is set up wrong."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from inbox._bodies import BodyRejected
 from inbox._handlers import RegisteredHandler, Registry
 from inbox.errors import (
-    HandlerFailed,
     InvalidBody,
     SessionConfigurationError,
     UnhandledMessage,
     UnsupportedDialect,
 )
 from inbox.message import Message
-from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.telemetry._core import MessageWatch, watch
+from inbox.result import ProcessResult, Unhandled
 
-__all__ = [
-    "CONFIGURATION_ERRORS",
-    "Planned",
-    "Settlement",
-    "describe",
-    "plan",
-    "require_messages",
-]
+__all__ = ["CONFIGURATION_ERRORS", "Planned", "describe", "plan", "require_messages"]
 
 logger = logging.getLogger("inbox.core")
 
 CONFIGURATION_ERRORS: Final = (SessionConfigurationError, UnsupportedDialect)
 """Errors that say the inbox is set up wrong, not that a message failed: they are raised as
 themselves at once (no handler failure recorded, nothing retried)."""
-
-_UNWATCHED: AbstractContextManager[None] = nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +59,15 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
     """
     if not isinstance(message, Message):
         raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
-    handlers = registry.for_type(message.type)
+    handlers: Sequence[RegisteredHandler] = registry.for_type(message.type)
     if not handlers:
         if on_unhandled is Unhandled.RAISE:
             raise UnhandledMessage(message.id, message.type)
         logger.info("message %s of type %r ignored: no handler", message.id, message.type)
         return ProcessResult(message.id, {})
-    bound = _with_bodies(message, handlers)
-    return Planned(message, bound, [handler.claim_key(message) for handler in bound])
+    if registry.typed:
+        handlers = _with_bodies(message, handlers)
+    return Planned(message, handlers, [handler.claim_key(message) for handler in handlers])
 
 
 def _with_bodies(
@@ -113,64 +99,3 @@ def _with_bodies(
 def describe(handler: RegisteredHandler, message: Message) -> str:
     """Name one handler's run on one message, for the log line of a retry."""
     return f"handler {handler.name} on message {message.id}"
-
-
-@dataclass(slots=True)
-class Settlement:
-    """The outcomes of one message's handlers as they come in, then its result."""
-
-    message: Message
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
-    failures: dict[str, Exception] = field(default_factory=dict)
-    _watch: MessageWatch | None = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self._watch = watch(self.message)  # None without OpenTelemetry
-
-    def running(self, handler: str) -> AbstractContextManager[None]:
-        """Around ``handler``'s run, retries included: with tracing, its span is the
-        current one (see :meth:`inbox.telemetry._core.MessageWatch.running`)."""
-        if self._watch is None:
-            return _UNWATCHED
-        return self._watch.running(handler)
-
-    def done(self, handler: str, outcome: Outcome) -> None:
-        """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
-        self.outcomes[handler] = outcome
-        if self._watch is not None:
-            self._watch.done(handler, outcome)
-        if outcome is Outcome.DUPLICATE:
-            logger.info(
-                "duplicate skipped: message %s (type %r) already processed by %s",
-                self.message.id,
-                self.message.type,
-                handler,
-            )
-        else:
-            logger.debug(
-                "message %s (type %r) processed by %s", self.message.id, self.message.type, handler
-            )
-
-    def failed(self, handler: str, error: Exception) -> None:
-        """Record a handler whose transaction was rolled back."""
-        self.failures[handler] = error
-        if self._watch is not None:
-            self._watch.failed(handler, error)
-        logger.warning(
-            "handler %s failed on message %s (type %r); its transaction was rolled back",
-            handler,
-            self.message.id,
-            self.message.type,
-            exc_info=error,
-        )
-
-    def result(self) -> ProcessResult:
-        """The result, or :class:`~inbox.HandlerFailed` (chained from the first failure)
-        when a handler failed: the others' outcomes are in its ``result``."""
-        result = ProcessResult(self.message.id, dict(self.outcomes))
-        if self._watch is not None:
-            self._watch.settled(self.outcomes, self.failures)
-        if self.failures:
-            first = next(iter(self.failures.values()))
-            raise HandlerFailed(self.message.id, self.failures, result) from first
-        return result

@@ -1,0 +1,130 @@
+"""Cost budgets of the per-message path, as counts, not timings: round trips on the wire and
+Python function calls per message, each path beside the plain transaction that does the same
+work without the inbox (tests/support/costs.py measures them in a process of its own).
+
+A change that adds a statement or a call to a path fails here with the numbers; a change that
+makes a path cheaper passes, and its budget should then come down with it. The counts are
+deterministic for given versions of SQLAlchemy, psycopg and PyMySQL; calls are budgeted per
+SQLAlchemy minor version (2.0 and 2.1 both run in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy
+from sqlalchemy import Engine
+from support.databases import Database, fresh_database
+
+HERE = Path(__file__).resolve().parent
+SQLALCHEMY = ".".join(sqlalchemy.__version__.split(".")[:2])
+
+# path: (round trips over the plain transaction, {SQLAlchemy minor: calls over it}), per
+# message. "batch" is process_batch of 100 messages against one plain transaction writing
+# 100 rows; "effect" one inbox.effect; "outbox" one Outbox.publish; "middleware" one layer;
+# "tenant" sessions_for with a schema_translate_map.
+BUDGETS: dict[str, tuple[float, dict[str, int]]] = {
+    "blocking/first": (0, {"2.0": 114, "2.1": 114}),
+    "blocking/duplicate": (-1, {"2.0": -78, "2.1": -81}),
+    "blocking/batch": (0.02, {"2.0": 91, "2.1": 82}),
+    "blocking/effect": (2, {"2.0": 1218, "2.1": 853}),
+    "blocking/outbox": (0, {"2.0": 115, "2.1": 115}),
+    "blocking/middleware": (0, {"2.0": 119, "2.1": 119}),
+    "blocking/tenant": (0, {"2.0": 127, "2.1": 127}),
+    "async/first": (0, {"2.0": 108, "2.1": 107}),
+    "async/duplicate": (-1, {"2.0": -284, "2.1": -291}),
+    "async/batch": (0.02, {"2.0": 97, "2.1": 89}),
+    "mariadb/first": (2, {"2.0": 496, "2.1": 496}),
+    "mariadb/duplicate": (0, {"2.0": 78, "2.1": 74}),
+}
+
+
+def measure(pg_db: Database, mariadb_db: Database, **env: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(HERE / "support" / "costs.py"), pg_db.url, mariadb_db.url],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(HERE), **env},
+    )
+    assert done.returncode == 0, done.stderr
+    counts: dict[str, Any] = json.loads(done.stdout)
+    return counts
+
+
+def over_budget(counts: dict[str, Any]) -> list[str]:
+    """One line per path whose round trips or calls exceed its budget."""
+    lines = []
+    for path, (round_trips, calls) in BUDGETS.items():
+        if path not in counts:
+            continue
+        plain, inbox = counts[path]["plain"], counts[path]["inbox"]
+        extra_trips = inbox["round_trips"] - plain["round_trips"]
+        extra_calls = inbox["calls"] - plain["calls"]
+        if extra_trips > round_trips + 1e-9 or extra_calls > calls[SQLALCHEMY]:
+            lines.append(
+                f"{path}: {extra_trips:+.2f} round trips (budget {round_trips:+.2f}), "
+                f"{extra_calls:+d} calls (budget {calls[SQLALCHEMY]:+d}) per message; "
+                f"plain {plain}, inbox {inbox}"
+            )
+    return lines
+
+
+@pytest.fixture(scope="module")
+def pg_db_module(
+    admin_engines: dict[str, Engine], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    yield from fresh_database("postgresql", admin_engines, tmp_path_factory.mktemp("pg"))
+
+
+@pytest.fixture(scope="module")
+def mariadb_db_module(
+    admin_engines: dict[str, Engine], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    yield from fresh_database("mariadb", admin_engines, tmp_path_factory.mktemp("maria"))
+
+
+@pytest.fixture(scope="module")
+def counts(pg_db_module: Database, mariadb_db_module: Database) -> dict[str, Any]:
+    return measure(pg_db_module, mariadb_db_module)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", list(BUDGETS))
+def test_each_path_stays_within_its_budget(counts: dict[str, Any], path: str) -> None:
+    assert path in counts
+    assert over_budget({path: counts[path]}) == []
+
+
+@pytest.mark.slow
+def test_the_inbox_adds_no_round_trip_to_a_first_delivery_on_postgresql(
+    counts: dict[str, Any],
+) -> None:
+    for path in ("blocking/first", "blocking/tenant", "blocking/outbox", "async/first"):
+        assert counts[path]["inbox"]["round_trips"] == counts[path]["plain"]["round_trips"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("work", ["statement", "call"])
+def test_one_more_statement_or_call_on_the_path_breaks_the_budgets(
+    pg_db_module: Database, mariadb_db_module: Database, work: str
+) -> None:
+    """The budgets are tight: one SELECT 1 before the commit, or one more function call per
+    handler transaction, and every blocking path that commits is over budget (a batch's one
+    call is a hundredth of a call per message: only its statement shows)."""
+    counts = measure(
+        pg_db_module, mariadb_db_module, INBOX_COST_INJECT=work, INBOX_COST_ONLY="blocking"
+    )
+    broken = {line.split(":")[0] for line in over_budget(counts)}
+    committing = {"blocking/first", "blocking/effect", "blocking/outbox", "blocking/middleware"}
+    if work == "statement":
+        committing.add("blocking/batch")
+    assert committing <= broken, over_budget(counts)

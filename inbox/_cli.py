@@ -5,9 +5,11 @@ never show a secret."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
-from typing import Final, NoReturn
+import sys
+from typing import Final, NoReturn, TextIO, cast
 
 from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -17,6 +19,7 @@ __all__ = [
     "EXIT_DATABASE_ERROR",
     "EXIT_OK",
     "EXIT_USAGE",
+    "OutputClosed",
     "UsageError",
     "UsageParser",
     "VersionRequested",
@@ -25,6 +28,11 @@ __all__ = [
     "database_url",
     "first_line",
     "mask_urls",
+    "pipe_safe",
+    "printable_url",
+    "quiet_closed_stdout",
+    "unmigrated",
+    "usage_line",
     "whole_number",
 ]
 
@@ -36,7 +44,20 @@ _SECRET_QUERY_WORDS: Final = ("password", "passwd", "pwd", "secret", "token", "k
 
 
 class UsageError(Exception):
-    """Bad command-line arguments (exit :data:`EXIT_USAGE`)."""
+    """Bad command-line arguments (exit :data:`EXIT_USAGE`); ``prog``: the (sub)command whose
+    ``--help`` explains them, when known."""
+
+    def __init__(self, message: str, prog: str | None = None) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+def usage_line(prog: str, exc: BaseException) -> str:
+    """The one line a usage error prints: what is wrong, secrets masked, and, for an error
+    the parser found, where the usage is (argparse would print its whole usage block)."""
+    command = getattr(exc, "prog", None)
+    hint = f" (see {command} --help)" if command else ""
+    return f"{prog}: error: {mask_urls(str(exc))}{hint}\n"
 
 
 class VersionRequested(Exception):
@@ -49,16 +70,11 @@ class VersionRequested(Exception):
 
 class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        from importlib.metadata import PackageNotFoundError, version
-
         from inbox._startup import required_revision
+        from inbox._version import __version__
 
-        try:
-            release = version("inbox")
-        except PackageNotFoundError:
-            release = "(not installed)"
         raise VersionRequested(
-            f"{parser.prog} {release} (inbox schema revision {required_revision()})"
+            f"{parser.prog} {__version__} (inbox schema revision {required_revision()})"
         )
 
 
@@ -74,8 +90,8 @@ class UsageParser(argparse.ArgumentParser):
     """An ArgumentParser that reports errors to its caller instead of exiting the process."""
 
     def error(self, message: str) -> NoReturn:
-        """Raise :class:`UsageError` with argparse's message."""
-        raise UsageError(message)
+        """Raise :class:`UsageError` with argparse's message and this parser's ``prog``."""
+        raise UsageError(message, self.prog)
 
 
 def whole_number(low: int, high: int | None = None) -> type[int]:
@@ -124,13 +140,31 @@ def _after_password(text: str) -> str:
 
 # Up to the last '@' of the word: an unescaped '@' in a password must not end the mask.
 _URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^\s:/@]*:)\S*@")
+# A query parameter whose name says it holds a secret (?password=, &sslpassword=, ?token=…).
+_SECRET_QUERY = re.compile(
+    r"(?P<head>[?&;][^=&;#\s]*(?:" + "|".join(_SECRET_QUERY_WORDS) + r")[^=&;#\s]*=)"
+    r"[^&;#\s]*",
+    re.IGNORECASE,
+)
 
 
 def mask_urls(text: str) -> str:
     """``text`` with the password of every URL in it masked (argparse echoes arguments it
     did not recognise, URLs given in the wrong place included), everything up to the last
-    ``@`` of the URL included."""
-    return _URL_CREDENTIALS.sub(r"\g<head>***@", text)
+    ``@`` of the URL included, and the value of every query parameter whose name holds
+    ``password``, ``secret``, ``token``, ``key``… (``?sslpassword=``, ``&api_key=``)."""
+    return _SECRET_QUERY.sub(r"\g<head>***", _URL_CREDENTIALS.sub(r"\g<head>***@", text))
+
+
+def printable_url(url: URL) -> str:
+    """``url`` as it may be printed: the password and every secret-bearing query parameter
+    masked."""
+    query = {
+        name: ("***" if any(word in name.lower() for word in _SECRET_QUERY_WORDS) else value)
+        for name, value in url.query.items()
+    }
+    text = url.set(query=query).render_as_string(hide_password=True)
+    return mask_urls(text.replace("%2A%2A%2A", "***"))
 
 
 def first_line(exc: BaseException) -> str:
@@ -158,3 +192,78 @@ def database_error_line(exc: BaseException, url: URL) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         line = line.replace(secret, "***")
     return line.replace("%2A%2A%2A", "***")
+
+
+class OutputClosed(Exception):
+    """The command's standard output was closed by its reader (``inbox status | head -1``)."""
+
+
+class _PipeSafe(io.TextIOBase):
+    """A text stream that reports a closed pipe as :class:`OutputClosed`, so that it cannot
+    be taken for a broken connection to the database or the broker."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise OutputClosed from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise OutputClosed from None
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+
+def pipe_safe(stream: TextIO) -> TextIO:
+    """``stream``, raising :class:`OutputClosed` instead of ``BrokenPipeError``."""
+    return cast(TextIO, _PipeSafe(stream))
+
+
+def quiet_closed_stdout() -> None:
+    """After :class:`OutputClosed`: point the process's standard output at ``/dev/null``, so
+    that the interpreter's last flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (a test's StringIO): nothing to quiet
+        pass
+
+
+# A table that is not there: PostgreSQL's SQLSTATE, MySQL/MariaDB's error number, SQLite's text.
+_PG_UNDEFINED_TABLE: Final = "42P01"
+_MYSQL_NO_SUCH_TABLE: Final = 1146
+_MISSING_TABLE = re.compile(
+    r"no such table: (?P<sqlite>\S+)|relation \"(?P<pg>[^\"]+)\" does not exist"
+    r"|Table '(?P<mysql>[^']+)' doesn't exist"
+)
+
+
+def unmigrated(exc: BaseException) -> str | None:
+    """When ``exc`` says a table does not exist: one line naming it and the migrations to
+    run (``inbox status`` on a database nobody migrated); else None."""
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return None
+    code = (getattr(orig, "args", None) or (None,))[0]
+    missing = (
+        getattr(orig, "sqlstate", None) == _PG_UNDEFINED_TABLE
+        or code == _MYSQL_NO_SUCH_TABLE
+        or str(orig).startswith("no such table")
+    )
+    if not missing:
+        return None
+    from inbox._startup import MIGRATE_HINT
+
+    found = _MISSING_TABLE.search(str(orig))
+    name = next((n for n in found.groups() if n), None) if found else None
+    table = f"table {name}" if name else "a table"
+    return f"{table} does not exist: the database lacks the inbox's tables; {MIGRATE_HINT}"

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APP_VERSION_TABLE",
     "INBOX_VERSION_TABLE",
+    "MIGRATE_HINT",
     "SchemaNotReady",
     "check_schema",
     "effect_store",
@@ -48,7 +49,7 @@ APP_VERSION_TABLE: Final = "alembic_version"
 
 _VERSIONS: Final = Path(__file__).resolve().parent / "migrations" / "versions"
 _UPGRADE: Final = {
-    INBOX_VERSION_TABLE: "alembic upgrade head",
+    INBOX_VERSION_TABLE: "inbox migrate",
     APP_VERSION_TABLE: "alembic upgrade heads",
 }
 # Connection exceptions (08…); the server shutting down, crashed or starting (57P…).
@@ -62,10 +63,12 @@ _PG_NOT_READY: Final = (
 # Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),
 # shutting down (1053).
 _MYSQL_UNREACHABLE: Final = frozenset({1040, 1053, 2002, 2003, 2006, 2013})
-_CREATE_HINT: Final = (
-    "run the inbox migrations (`alembic upgrade heads`, docs/migrations.md) or "
-    "inbox.schema.metadata.create_all(engine)"
+MIGRATE_HINT: Final = (
+    "run the inbox migrations (`inbox migrate`, or `alembic upgrade heads` in an alembic "
+    "history of your own, docs/migrations.md)"
 )
+"""What to do about a database without the inbox's tables, as the error lines say it."""
+_CREATE_HINT: Final = f"{MIGRATE_HINT} or inbox.schema.metadata.create_all(engine)"
 
 
 class SchemaNotReady(InboxError):

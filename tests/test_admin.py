@@ -85,7 +85,11 @@ def test_show_finds_each_claim_under_the_key_the_core_used(db: Database) -> None
 
     code, out, _ = run(db, "show", str(keyed.id))  # claimed under its idempotency key
     assert code == 3
-    assert out == f"no claim for the message id or the business key {str(keyed.id)!r}\n"
+    assert out.splitlines() == [
+        f"no claim for the message id or the business key {str(keyed.id)!r}",
+        "a message sent with an idempotency-key header is claimed under that key, not its id: "
+        "inbox show KEY (inbox dlq list shows a dead letter's as key=)",
+    ]
 
 
 def test_a_business_key_that_looks_like_a_uuid(db: Database) -> None:
@@ -127,6 +131,7 @@ def add_effect(db: Database, claim_key: uuid.UUID, handler: str, step: str, stat
                 "step": step,
                 "status": status,
                 "attempts": 1,
+                "result": "null" if status == "done" else None,  # a call that returned None
                 "error": "TimeoutError: no answer" if status == "failed" else None,
                 "started_at": NOW,
                 "updated_at": NOW,

@@ -347,7 +347,7 @@ def test_without_the_otel_extra_the_worker_refuses_to_start_in_one_line(tmp_path
     last = done.stderr.strip().splitlines()[-1]
     assert last == (
         "inbox-worker: error: --metrics-port needs the otel extra (missing prometheus_client): "
-        "pip install 'inbox[otel]'"
+        "pip install 'sqlalchemy-inbox[otel]'"
     )
 
 

@@ -11,13 +11,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import URL, Engine, MetaData, create_engine, insert, inspect, make_url, text
 from support.databases import Database, effects_metadata
 
-from alembic import command
 from inbox import cleanup
 from inbox.schema import inbox_table, metadata, processed_at_index_name
 
@@ -199,7 +199,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    [wheel] = build.glob("inbox-*.whl")
+    [wheel] = build.glob("sqlalchemy_inbox-*.whl")
     return wheel
 
 

@@ -8,13 +8,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, MetaData, inspect, select, text
 from support.databases import Database, effects_metadata
 
-from alembic import command
 from inbox.schema import (
     OUTBOX_NOTIFY_CHANNEL,
     inbox_message,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
@@ -29,7 +30,6 @@ from sqlalchemy.orm import sessionmaker
 from support.databases import Database, effects
 from support.effects import Recorder
 
-from alembic import command
 from inbox import CleanupReport, Inbox, Message, Outcome, cleanup
 from inbox.cli import cleanup_main
 from inbox.errors import UnsupportedDialect

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Column, MetaData, String, Table, create_engine, insert, text
 from sqlalchemy.exc import DBAPIError
@@ -18,7 +19,6 @@ from support.databases import Database, effects_metadata
 from support.rabbit import Rabbit
 from support.worker import TIMEOUT, WorkerProcess, wait_until, worker_command
 
-from alembic import command
 from inbox._startup import (
     APP_VERSION_TABLE,
     SchemaNotReady,
@@ -119,7 +119,7 @@ def test_the_shipped_revisions_at_an_older_revision_name_alembic_upgrade_head(
 
     assert message == (
         f"the database is at inbox revision {FIRST_REVISION} (inbox_alembic_version), this "
-        f"version of inbox needs {required_revision()}: run `alembic upgrade head` "
+        f"version of inbox needs {required_revision()}: run `inbox migrate` "
         "(docs/migrations.md)"
     )
 
@@ -216,7 +216,7 @@ def test_the_worker_exits_1_with_one_line_before_the_migrations(
     assert worker.wait() == 1
     lines = [line for line in worker.log().splitlines() if line.strip()]
     expected = (
-        "table inbox_message does not exist: run the inbox migrations (`alembic upgrade heads`"
+        "table inbox_message does not exist: run the inbox migrations (`inbox migrate`, or "
         if backend_revision is None
         else f"the database is at inbox revision {FIRST_REVISION} (inbox_alembic_version)"
     )

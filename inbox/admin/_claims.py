@@ -41,7 +41,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Effect:
-    """One effect record of a (claim key, handler)."""
+    """One effect record of a (claim key, handler); ``status`` as ``inbox`` shows it
+    (``done without result`` included)."""
 
     key: LookupKey
     handler: str
@@ -135,8 +136,11 @@ def _find(
     if effects is None or not inspect(connection).has_table(effects.name, effects.schema):
         return Found(found_claims, ())
     c = effects.c
+    from inbox.admin._status import effect_status
+
+    status = effect_status(c.status, c.result)
     effect_query = select(
-        c.claim_key, c.handler, c.step, c.status, c.attempts, c.error, c.started_at, c.updated_at
+        c.claim_key, c.handler, c.step, status, c.attempts, c.error, c.started_at, c.updated_at
     ).where(c.claim_key.in_(list(by_key)))
     if handler is not None:
         effect_query = effect_query.where(c.handler == handler)

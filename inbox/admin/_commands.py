@@ -69,9 +69,9 @@ def status(
     report = _status.read_status(engine, tables.claims, tables.outbox, tables.effects)
     for queue in args.queues:
         assert broker is not None  # checked with the arguments
-        with dead_letters.open_channel(broker) as channel:
-            name = dead_letters.dead_letter_queue(queue)
-            report.dead_letters[name] = dead_letters.depth(channel, name)
+        name = dead_letters.dead_letter_queue(queue)
+        # A queue that is not there is part of the report (None), not its end.
+        report.dead_letters[name] = dead_letters.depth_if_present(broker, name)
     if args.json:
         io.out.write(_render.as_json(report))
     else:
@@ -134,6 +134,13 @@ def show(
         io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     else:
         io.out.write(f"no claim for {_asked(keys, args.handler)}\n")
+    if not found.claims and not args.json and any(k.how == "message id" for k in keys):
+        # The claims carry the key each handler claimed under, never the message id: a
+        # message sent with an idempotency key is found only by that key.
+        io.out.write(
+            "a message sent with an idempotency-key header is claimed under that key, not its "
+            "id: inbox show KEY (inbox dlq list shows a dead letter's as key=)\n"
+        )
     return EXIT_OK if found.claims else EXIT_NOT_FOUND
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from inbox._oneline import bounded
 from inbox.admin._claims import Found
-from inbox.admin._status import StatusReport
+from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
 from inbox.broker._dead_letters import DeadLetter, summary_fields
 from inbox.broker._replay import MoveReport
 
@@ -77,12 +77,22 @@ def status_lines(report: StatusReport) -> Iterator[str]:
         yield f"effects: {counts}"
         for u in e.unfinished:
             error = f": {bounded(u.error, 200)}" if u.error else ""
+            if u.status == DONE_WITHOUT_RESULT:
+                yield (
+                    f"  done without result: {u.handler} step {u.step!r} after {u.attempts} "
+                    f"attempt(s), since {when(u.updated_at)}: called, its result not stored; "
+                    "later attempts raise UncertainEffect until released"
+                )
+                continue
             yield (
                 f"  not done: {u.handler} step {u.step!r} {u.status} after {u.attempts} "
                 f"attempt(s), since {when(u.updated_at)}{error}"
             )
-    for queue, count in report.dead_letters.items():
-        yield f"dead letters in {queue}: {count}"
+    for queue, depth in report.dead_letters.items():
+        if depth is None:
+            yield f"dead letters in {queue}: no such queue (is it the worker's --queue?)"
+        else:
+            yield f"dead letters in {queue}: {depth}"
 
 
 def found_lines(found: Found) -> Iterator[str]:

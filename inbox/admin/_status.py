@@ -5,17 +5,32 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Final
 
-from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    and_,
+    case,
+    func,
+    inspect,
+    literal,
+    select,
+    text,
+)
 
 from inbox.retention._catalog import is_partitioned, list_partitions
 
 __all__ = [
+    "DONE_WITHOUT_RESULT",
     "ClaimsByHandler",
     "EffectsReport",
     "OutboxReport",
     "StatusReport",
     "UnfinishedEffect",
+    "effect_status",
     "read_status",
 ]
 
@@ -48,7 +63,8 @@ class OutboxReport:
 @dataclass(frozen=True, slots=True)
 class UnfinishedEffect:
     """An effect started or failed and not done: its outcome outside the database is
-    uncertain until a later attempt finishes it (or a person releases it)."""
+    uncertain until a later attempt finishes it (or a person releases it). Also one done
+    without its result (:data:`DONE_WITHOUT_RESULT`), which waits for a person."""
 
     handler: str
     step: str
@@ -76,7 +92,8 @@ class StatusReport:
     partitions: int | None
     outbox: OutboxReport | None
     effects: EffectsReport | None
-    dead_letters: dict[str, int] = field(default_factory=dict)
+    dead_letters: dict[str, int | None] = field(default_factory=dict)
+    """Dead letters per dead-letter queue (``inbox status --queue``); None: no such queue."""
 
 
 def read_status(engine: Engine, claims: Table, outbox: Table, effects: Table) -> StatusReport:
@@ -152,19 +169,35 @@ def _outbox(connection: Connection, outbox: Table) -> OutboxReport:
 
 def _effects(connection: Connection, effects: Table) -> EffectsReport:
     c = effects.c
+    status = effect_status(c.status, c.result)
     by_status = {
-        str(status): int(count)
-        for status, count in connection.execute(
-            select(c.status, func.count()).group_by(c.status).order_by(c.status)
+        str(name): int(count)
+        for name, count in connection.execute(
+            select(status, func.count()).group_by(status).order_by(status)
         )
     }
     unfinished = tuple(
-        UnfinishedEffect(handler, step, status, attempts, updated_at, error)
-        for handler, step, status, attempts, updated_at, error in connection.execute(
-            select(c.handler, c.step, c.status, c.attempts, c.updated_at, c.error)
-            .where(c.status != "done")
+        UnfinishedEffect(handler, step, shown, attempts, updated_at, error)
+        for handler, step, shown, attempts, updated_at, error in connection.execute(
+            select(c.handler, c.step, status, c.attempts, c.updated_at, c.error)
+            .where(status != DONE)
             .order_by(c.updated_at)
             .limit(_UNFINISHED_SHOWN)
         )
     )
     return EffectsReport(by_status, unfinished)
+
+
+DONE: Final = "done"
+DONE_WITHOUT_RESULT: Final = "done without result"
+"""How ``inbox`` shows an effect the ledger recorded done with no result (the call was
+made, its result could not be stored): every later attempt raises ``UncertainEffect`` until
+a person releases the record."""
+
+
+def effect_status(status: ColumnElement[str], result: ColumnElement[str]) -> ColumnElement[str]:
+    """An effect record's status as ``inbox`` shows it: ``done`` without a stored result is
+    :data:`DONE_WITHOUT_RESULT` (a result of ``None`` is stored as the JSON ``null``)."""
+    return case(
+        (and_(status == DONE, result.is_(None)), literal(DONE_WITHOUT_RESULT)), else_=status
+    )

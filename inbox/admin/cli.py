@@ -1,10 +1,10 @@
 """``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
-inbox's tables; ``dlq list|show|replay|purge`` work on a worker's dead-letter queue;
-``cleanup`` is ``inbox-cleanup``.
+inbox's tables; ``migrate`` creates or upgrades them; ``dlq list|show|replay|purge`` work on
+a worker's dead-letter queue; ``cleanup`` is ``inbox-cleanup``.
 
-Exit codes: 0 success; 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge``
-without ``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``,
-``dlq show``).
+Exit codes: 0 success (also when the reader of the output went away: ``inbox status | head
+-1``); 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge`` without
+``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``, ``dlq show``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    OutputClosed,
     UsageError,
     UsageParser,
     VersionRequested,
@@ -31,11 +32,16 @@ from inbox._cli import (
     database_url,
     first_line,
     mask_urls,
+    pipe_safe,
+    quiet_closed_stdout,
+    unmigrated,
+    usage_line,
     whole_number,
 )
 from inbox.admin import _claims, _commands
-from inbox.admin._dlq_commands import dlq, duration
+from inbox.admin._dlq_commands import dead_letter_reason, dlq, duration
 from inbox.admin._guard import guarded_cleanup
+from inbox.admin._migrate import migrate
 from inbox.broker.cli import BROKER_URL_ENV
 from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.schema import (
@@ -47,13 +53,27 @@ from inbox.schema import (
     resolve_table,
 )
 
-__all__ = ["BROKER_URL_ENV", "EXIT_BROKER_ERROR", "EXIT_NOT_FOUND", "admin_main"]
+__all__ = [
+    "BROKER_URL_ENV",
+    "EXIT_BROKER_ERROR",
+    "EXIT_NOT_FOUND",
+    "admin_main",
+    "command_parsers",
+]
 
 EXIT_BROKER_ERROR: Final = EXIT_DATABASE_ERROR
 EXIT_NOT_FOUND: Final = _commands.EXIT_NOT_FOUND
 
 
-def _parser() -> UsageParser:
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of ``inbox``, by command line (``"inbox"``, ``"inbox status"``,
+    ``"inbox dlq replay"``...): what the CLI reference of the docs is generated from."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    _parser(parsers)
+    return parsers
+
+
+def _parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> UsageParser:
     parser = UsageParser(
         prog="inbox",
         description="Look into and repair an inbox: claims, effects, outbox, dead letters.",
@@ -87,6 +107,15 @@ def _parser() -> UsageParser:
     _key_options(release)
     release.add_argument("--handler", required=True, help="the handler to run again")
     release.add_argument("--yes", action="store_true", help="do not ask")
+
+    upgrade = commands.add_parser(
+        "migrate",
+        help="create or upgrade the inbox's tables: the shipped revisions, from the package",
+    )
+    upgrade.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    upgrade.add_argument(
+        "--revision", default="head", help="an inbox revision to upgrade to (default: head)"
+    )
 
     dlq = commands.add_parser("dlq", help="a worker's dead-letter queue <QUEUE>.dlq")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=UsageParser)
@@ -125,6 +154,10 @@ def _parser() -> UsageParser:
         ),
         add_help=False,
     )
+    if parsers is not None:
+        parsers["inbox"] = parser
+        parsers.update({f"inbox {name}": p for name, p in commands.choices.items()})
+        parsers.update({f"inbox dlq {name}": p for name, p in dlq_commands.choices.items()})
     return parser
 
 
@@ -151,7 +184,13 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 def _move_options(parser: argparse.ArgumentParser) -> None:
     _broker_options(parser)
     parser.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
-    parser.add_argument("--reason", action="append", default=[], help="only this reason (repeat)")
+    parser.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        type=dead_letter_reason,
+        help="only this reason, as x-inbox-reason says it (handler-failed, ...; repeat)",
+    )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
     parser.add_argument(
         "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
@@ -175,10 +214,13 @@ def admin_main(
     """Run ``inbox``; see the module docstring for the exit codes. ``confirm`` asks a yes/no
     question (default: the terminal; without one, ``release`` needs ``--yes``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
+    out = pipe_safe(sys.stdout if stdout is None else stdout)
     if arguments[:1] == ["cleanup"]:
-        return guarded_cleanup(arguments[1:], stdout or sys.stdout, stderr or sys.stderr)
+        return _output_guarded(
+            lambda: guarded_cleanup(arguments[1:], out, stderr or sys.stderr), out
+        )
     io = _commands.Streams(
-        sys.stdout if stdout is None else stdout,
+        out,
         sys.stderr if stderr is None else stderr,
         confirm if confirm is not None else _commands.terminal_confirm(),
     )
@@ -191,6 +233,9 @@ def admin_main(
             dlq_broker = broker
             return _guarded(lambda: dlq(args, dlq_broker, io), io, None, broker)
         url = database_url(args.database_url)
+        if args.command == "migrate":
+            engine = _engine(url)
+            return _guarded(lambda: _migrate(engine, url, args.revision, io), io, url, None)
         if getattr(args, "schemas", None) or getattr(args, "all_schemas", False):
             _commands.check_per_schema(args)
         tables = _commands.Tables(
@@ -205,11 +250,10 @@ def admin_main(
         )
         engine = _engine(url)
     except VersionRequested as version:
-        io.out.write(f"{version.line}\n")
-        return EXIT_OK
+        line = version.line
+        return _output_guarded(lambda: _print(io, line), io.out)
     except (UsageError, ValueError) as exc:
-        io.err.write(parser.format_usage())
-        io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
+        io.err.write(usage_line("inbox", exc))
         return EXIT_USAGE
 
     def run() -> int:
@@ -227,12 +271,45 @@ def admin_main(
     return _guarded(run, io, url, broker)
 
 
+def _print(io: _commands.Streams, line: str) -> int:
+    io.out.write(f"{line}\n")
+    return EXIT_OK
+
+
+def _migrate(engine: Engine, url: URL, revision: str, io: _commands.Streams) -> int:
+    try:
+        io.out.writelines(f"{line}\n" for line in migrate(engine, url, revision))
+    finally:
+        engine.dispose()
+    return EXIT_OK
+
+
+def _output_guarded(run: Callable[[], int], out: TextIO) -> int:
+    """``run()``, then its output flushed; a reader that went away (``| head -1``) ends the
+    command quietly with exit 0: there is no one left to tell anything."""
+    try:
+        code = run()
+        out.flush()
+    except OutputClosed:
+        quiet_closed_stdout()
+        return EXIT_OK
+    return code
+
+
 def _guarded(
     run: Callable[[], int], io: _commands.Streams, url: URL | None, broker: str | None
 ) -> int:
     """``run()``, its errors printed as one line with the exit code they mean."""
     try:
-        return run()
+        code = run()
+        io.out.flush()
+        return code
+    except OutputClosed:
+        quiet_closed_stdout()
+        return EXIT_OK
+    except UsageError as exc:  # found out on the database (a history of the application's)
+        io.err.write(f"inbox: error: {mask_urls(str(exc))}\n")
+        return EXIT_USAGE
     except KeyboardInterrupt:
         io.err.write("inbox: interrupted; what was not done yet is left as it was\n")
         return EXIT_BROKER_ERROR
@@ -241,12 +318,18 @@ def _guarded(
         return EXIT_USAGE
     except Exception as exc:  # the CLI edge: one line, never a traceback
         if url is not None and (broker is None or isinstance(exc, SQLAlchemyError)):
-            io.err.write(f"inbox: error: {database_error_line(exc, url)}\n")
+            io.err.write(f"inbox: error: {_database_line(exc, url)}\n")
             return EXIT_DATABASE_ERROR
         io.err.write(
             f"inbox: error: broker {mask_urls(str(broker))}: {mask_urls(first_line(exc))}\n"
         )
         return EXIT_BROKER_ERROR
+
+
+def _database_line(exc: BaseException, url: URL) -> str:
+    """A database error as one line; a missing inbox table says which migrations to run."""
+    missing = unmigrated(exc)
+    return missing if missing is not None else database_error_line(exc, url)
 
 
 def _engine(url: URL) -> Engine:

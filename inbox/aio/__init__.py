@@ -4,8 +4,8 @@ The same claim, decisions, outcomes, errors and guards as :class:`inbox.Inbox`, 
 rather than copied: the claim and the checks run on the session's synchronous side through
 ``AsyncSession.run_sync``, and only the handler and the waits are awaited.
 
-Needs the ``aio`` extra (``pip install 'inbox[aio]'``): SQLAlchemy's asyncio layer and the
-async drivers the inbox is tested on (psycopg, asyncpg, aiosqlite, asyncmy).
+Needs the ``aio`` extra (``pip install 'sqlalchemy-inbox[aio]'``): SQLAlchemy's asyncio layer
+and the async drivers the inbox is tested on (psycopg, asyncpg, aiosqlite, asyncmy).
 """
 
 from inbox.aio._inbox import AsyncHandlerFunc, AsyncInbox

@@ -101,7 +101,10 @@ class ConfirmTracker:
     def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
         message_id = (getattr(message, "properties", None) or {}).get("message_id")
         if message_id is not None:
-            self._returned[str(message_id)] = f"returned unroutable: {exc}"
+            where = f"exchange {exchange!r}" if exchange else "the default exchange ''"
+            self._returned[str(message_id)] = (
+                f"returned unroutable by {where} with routing key {routing_key!r}: {exc}"
+            )
 
 
 def fits_in_frame(connection: Any, prepared: Any) -> bool:

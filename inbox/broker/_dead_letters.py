@@ -20,6 +20,7 @@ from kombu.connection import Connection
 
 from inbox.broker import headers as h
 from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.message import IDEMPOTENCY_KEY_HEADER
 
 __all__ = [
     "DROPPED_PROPERTIES",
@@ -76,6 +77,9 @@ class DeadLetter:
     failed_handlers: tuple[str, ...]
     error: str | None
     body_bytes: int
+    idempotency_key: str | None = None
+    """The producer's ``idempotency-key`` header: a handler without ``key=`` claimed under it,
+    not under the message id (``inbox show KEY``)."""
 
     def dead_lettered(self) -> dt.datetime | None:
         """When it was dead-lettered, if the header says so readably."""
@@ -102,6 +106,7 @@ class DeadLetter:
             tuple(n for n in str(failed).split(",") if n) if failed else (),
             _text(headers.get(h.ERROR)),
             len(message.body) if isinstance(message.body, bytes | str) else 0,
+            _text(headers.get(IDEMPOTENCY_KEY_HEADER)),
         )
 
 
@@ -142,6 +147,16 @@ def open_channel(broker: str) -> Iterator[amqp.Channel]:
 def depth(channel: amqp.Channel, queue: str) -> int:
     """Ready messages in ``queue``; the broker's NOT_FOUND error when it does not exist."""
     return int(channel.queue_declare(queue=queue, passive=True).message_count)
+
+
+def depth_if_present(broker: str, queue: str) -> int | None:
+    """Ready messages in ``queue`` on a channel of its own; None when the queue does not
+    exist (the broker closes the channel that asked, so the next question needs another)."""
+    try:
+        with open_channel(broker) as channel:
+            return depth(channel, queue)
+    except amqp.exceptions.NotFound:
+        return None
 
 
 def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadLetter]]:
@@ -214,6 +229,7 @@ def summary_fields(letter: DeadLetter) -> Sequence[tuple[str, object]]:
     """The fields of one dead letter as ``inbox dlq list`` prints them, in order."""
     return (
         ("id", letter.message_id),
+        ("key", letter.idempotency_key),
         ("type", letter.type),
         ("reason", letter.reason),
         ("tries", letter.tries),

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import TYPE_CHECKING
 
 from inbox._cli import whole_number
 from inbox._readiness import database_not_ready
 from inbox.broker._health import DEFAULT_STALE_AFTER, HealthServer, Probed
 from inbox.core import Inbox
+from inbox.telemetry._gauges import observe_worker
 from inbox.telemetry._prometheus import prometheus_exposition
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from inbox.broker.relay import Relay
 
 __all__ = ["add_health_arguments", "health_server"]
 
@@ -37,8 +44,11 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def health_server(args: argparse.Namespace, worker: Probed, inbox: Inbox) -> HealthServer | None:
-    """The endpoint the options ask for (bound, not yet serving), or None when off.
+def health_server(
+    args: argparse.Namespace, worker: Probed, inbox: Inbox, outbox: Relay | None = None
+) -> HealthServer | None:
+    """The endpoint the options ask for (bound, not yet serving), or None when off; with
+    ``outbox`` (``--relay``), ``/metrics`` also shows that relay's backlog.
 
     Raises :class:`~inbox.telemetry._prometheus.MissingExtra` (an ``ImportError``) without
     the ``otel`` extra and ``ValueError`` when the address cannot be bound.
@@ -46,12 +56,17 @@ def health_server(args: argparse.Namespace, worker: Probed, inbox: Inbox) -> Hea
     if not args.metrics_port:
         return None
     exposition = prometheus_exposition()
+    database = functools.partial(database_not_ready, inbox)
+    observe_worker(
+        lambda: worker.consuming and database() is None,
+        None if outbox is None else functools.partial(_backlog, outbox),
+    )
     try:
         return HealthServer(
             worker,
             args.metrics_host,
             args.metrics_port,
-            database=functools.partial(database_not_ready, inbox),
+            database=database,
             metrics=exposition,
             stale_after=float(args.healthz_timeout),
         )
@@ -60,3 +75,11 @@ def health_server(args: argparse.Namespace, worker: Probed, inbox: Inbox) -> Hea
             f"--metrics-port {args.metrics_port} on {args.metrics_host}: "
             f"{exc.strerror or type(exc).__name__}"
         ) from None
+
+
+def _backlog(relay: Relay) -> tuple[int, dt.datetime | None]:
+    """The relay's outbox now: rows pending and the oldest one's creation time."""
+    from inbox.broker.relay import outbox_status
+
+    status = outbox_status(relay.engine, relay.table)
+    return status.pending, status.oldest_created_at

@@ -30,7 +30,7 @@ from inbox._cli import (
     VersionRequested,
     add_version,
     database_error_line,
-    mask_urls,
+    usage_line,
     whole_number,
 )
 from inbox._startup import (
@@ -229,18 +229,17 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
             default_content_type=content_type,
             stats_interval=args.stats_interval,
         )
-        health = health_server(args, worker, inbox)
         relay = (
             RelayThread(relay_for(inbox, connection, args.relay_table), worker)
             if args.relay
             else None
         )
+        health = health_server(args, worker, inbox, relay.relay if relay else None)
     except VersionRequested as version:
         sys.stdout.write(f"{version.line}\n")
         return EXIT_OK
     except (UsageError, ValueError, TypeError, KeyError, ImportError) as exc:
-        err.write(parser.format_usage())
-        err.write(f"inbox-worker: error: {mask_urls(str(exc))}\n")
+        err.write(usage_line("inbox-worker", exc))
         return EXIT_USAGE
     if args.schema_check and (failed := _schema_error(inbox, args.connect_retries)):
         err.write(f"inbox-worker: error: {failed}\n")

@@ -28,7 +28,7 @@ from inbox._cli import (
     database_error_line,
     database_url,
     first_line,
-    mask_urls,
+    usage_line,
     whole_number,
 )
 from inbox._startup import SchemaNotReady
@@ -155,8 +155,7 @@ def relay_main(
         out.write(f"{version.line}\n")
         return EXIT_OK
     except (UsageError, ValueError, TypeError, ImportError) as exc:
-        err.write(parser.format_usage())
-        err.write(f"inbox-relay: error: {mask_urls(str(exc))}\n")
+        err.write(usage_line("inbox-relay", exc))
         return EXIT_USAGE
     configure_logging(args.log_level, False, err, args.log_format)
     try:

@@ -3,8 +3,8 @@
 
 The kombu worker's decisions, retry schedule, queue layout and ``x-inbox-*`` headers are
 shared, not copied (docs/faststream.md). Needs the ``faststream`` extra
-(``pip install 'inbox[faststream]'``); ``import inbox`` and ``import inbox.aio`` do not load
-FastStream.
+(``pip install 'sqlalchemy-inbox[faststream]'``); ``import inbox`` and ``import inbox.aio`` do
+not load FastStream.
 """
 
 from inbox.faststream._rabbit import subscribe_rabbit

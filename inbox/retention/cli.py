@@ -15,13 +15,18 @@ from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    OutputClosed,
     UsageError,
     UsageParser,
     VersionRequested,
     add_version,
     database_error_line,
     database_url,
-    mask_urls,
+    pipe_safe,
+    printable_url,
+    quiet_closed_stdout,
+    unmigrated,
+    usage_line,
     whole_number,
 )
 from inbox.retention._catalog import is_partitioned
@@ -127,7 +132,7 @@ def cleanup_main(
     stderr: TextIO | None = None,
 ) -> int:
     """Run ``inbox-cleanup``; return 0 on success, 1 on a database error, 2 on bad usage."""
-    out = sys.stdout if stdout is None else stdout
+    out = pipe_safe(sys.stdout if stdout is None else stdout)
     err = sys.stderr if stderr is None else stderr
     parser = _cleanup_parser()
     try:
@@ -140,24 +145,36 @@ def cleanup_main(
             resolve_table(f"{schema}.{table.name}")  # a plain identifier, else ValueError
         urls = [database_url(given) for given in args.database_url or [None]]
     except VersionRequested as version:
-        out.write(f"{version.line}\n")
+        _written(out, [f"{version.line}\n"], EXIT_OK)
         return EXIT_OK
     except (UsageError, ValueError) as exc:
-        err.write(parser.format_usage())
-        err.write(f"inbox-cleanup: error: {mask_urls(str(exc))}\n")
+        err.write(usage_line("inbox-cleanup", exc))
         return EXIT_USAGE
     failed = False
     for url in urls:
-        where = f" on {url.render_as_string(hide_password=True)}" if len(urls) > 1 else ""
+        where = f" on {printable_url(url)}" if len(urls) > 1 else ""
         try:
             lines = _clean_database(url, where, args)
         except Exception as exc:  # the CLI edge: one line, never a traceback
-            err.write(f"inbox-cleanup: error: {database_error_line(exc, url)}\n")
+            line = unmigrated(exc) or database_error_line(exc, url)
+            err.write(f"inbox-cleanup: error: {line}{where}\n")
             failed = True
             continue
-        if not args.quiet:
-            out.writelines(lines)
+        if not args.quiet and _written(out, lines, EXIT_OK) is None:
+            return EXIT_OK  # the reader went away (| head -1): no one to tell the rest
     return EXIT_DATABASE_ERROR if failed else EXIT_OK
+
+
+def _written(out: TextIO, lines: list[str], code: int) -> int | None:
+    """``code`` once ``lines`` are written and flushed; None (and standard output quieted)
+    when the reader of the output has gone away."""
+    try:
+        out.writelines(lines)
+        out.flush()
+    except OutputClosed:
+        quiet_closed_stdout()
+        return None
+    return code
 
 
 def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]:
@@ -186,16 +203,21 @@ def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]
 
 
 def _summary(report: CleanupReport, table: str, created: list[str]) -> str:
-    verb = "would delete" if report.dry_run else "deleted"
-    line = (
-        f"inbox-cleanup: {verb} {report.deleted} claims processed before "
-        f"{report.cutoff.isoformat(timespec='seconds')} from {table} "
-        f"in {report.batches} batches"
-    )
-    if not report.dry_run:
-        line += f" (longest {report.longest_batch_seconds * 1000:.0f} ms)"
+    cutoff = report.cutoff.isoformat(timespec="seconds")
+    if report.dry_run:
+        line = (
+            f"inbox-cleanup: dry run: would delete {report.deleted} claims processed before "
+            f"{cutoff} from {table}"
+        )
+    else:
+        line = (
+            f"inbox-cleanup: deleted {report.deleted} claims processed before {cutoff} from "
+            f"{table} in {report.batches} batches (longest "
+            f"{report.longest_batch_seconds * 1000:.0f} ms)"
+        )
     if report.effects_deleted:
-        line += f", and {report.effects_deleted} effect records of those claims"
+        verb = "would delete" if report.dry_run else "and"
+        line += f", {verb} {report.effects_deleted} effect records of those claims"
     if report.partitions_dropped or created:
         line += f", {len(report.partitions_dropped)} partitions dropped, {len(created)} created"
     return f"{line}, {report.seconds:.2f} s\n"

@@ -1,6 +1,6 @@
 """Metrics and traces through OpenTelemetry, when ``opentelemetry-api`` is installed
-(``pip install inbox[otel]``); without it, or before a tracer or meter provider is set,
-nothing is recorded and each hook returns after a check. The inbox never configures an SDK
+(``pip install 'sqlalchemy-inbox[otel]'``); without it, or before a tracer or meter provider is
+set, nothing is recorded and each hook returns after a check. The inbox never configures an SDK
 itself (except ``inbox-worker --metrics-port``): configure one in your application as usual.
 It looks for a newly set provider at most once a second; :func:`refresh` after setting one
 makes the very next message recorded.

@@ -46,10 +46,12 @@ class Instruments:
 
 
 def _inbox_version() -> str:
+    from inbox._version import DISTRIBUTION, __version__
+
     try:
-        return version("inbox")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0"
+        return __version__
 
 
 def _make() -> Instruments | None:

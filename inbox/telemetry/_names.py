@@ -25,6 +25,11 @@ OUTBOX_SENT: Final = "inbox.outbox.sent"
 OUTBOX_REFUSED: Final = "inbox.outbox.refused"
 CONSUMED: Final = "messaging.client.consumed.messages"
 
+# Gauges read at scrape time (inbox-worker --metrics-port, telemetry/_gauges.py).
+WORKER_READY: Final = "inbox.worker.ready"
+OUTBOX_PENDING: Final = "inbox.outbox.pending"
+OUTBOX_OLDEST_AGE: Final = "inbox.outbox.oldest.age"
+
 # Histograms, in seconds.
 CLAIM_DURATION: Final = "inbox.claim.duration"
 HANDLER_DURATION: Final = "inbox.handler.duration"

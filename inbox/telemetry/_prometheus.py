@@ -36,7 +36,8 @@ def prometheus_exposition() -> Exposition:
         from opentelemetry.sdk.metrics import MeterProvider
     except ImportError as exc:
         raise MissingExtra(
-            f"--metrics-port needs the otel extra (missing {exc.name}): pip install 'inbox[otel]'"
+            f"--metrics-port needs the otel extra (missing {exc.name}): "
+            "pip install 'sqlalchemy-inbox[otel]'"
         ) from None
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader])

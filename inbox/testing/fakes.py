@@ -4,11 +4,14 @@ payment provider) that counts its calls per idempotency key and fails or hangs o
 from __future__ import annotations
 
 import threading
-import uuid
+import weakref
 from collections import Counter
+from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["FakeProvider", "FakeProviderError"]
+__all__ = ["FakeProvider", "FakeProviderError", "live_providers"]
+
+_LIVE: weakref.WeakSet[FakeProvider] = weakref.WeakSet()
 
 
 class FakeProviderError(Exception):
@@ -20,6 +23,11 @@ class FakeProvider:
     call under ``key`` and returns a receipt, ``{"receipt": "<name>-<key>", "key": "<key>"}``
     (the same for every call with one key, as an idempotent provider answers).
 
+    It also stands in for an outside API a handler calls directly: ``key`` may be any
+    hashable value (an order id, a string) or left out. ``assert_idempotent`` counts the calls
+    of every FakeProvider alive during the assertion, and fails when a redelivery made more
+    calls than one clean run: the mark of a call made outside ``inbox.effect``.
+
     ``fail(times)`` makes the next ``times`` calls raise (a :class:`FakeProviderError`, or
     the given error) after recording them, as a provider that took the request and answered
     with an error. ``hang(times, timeout)`` makes the next ``times`` calls block until
@@ -29,7 +37,7 @@ class FakeProvider:
 
     def __init__(self, name: str = "fake") -> None:
         self.name = name
-        self.calls: Counter[uuid.UUID] = Counter()
+        self.calls: Counter[Hashable] = Counter()
         """How many times each key was called, failed and hung calls included."""
         self._lock = threading.Lock()
         self._failures: list[Exception] = []
@@ -37,11 +45,13 @@ class FakeProvider:
         self._released = threading.Event()
         self.hanging = threading.Event()
         """Set while a call hangs: wait on it to act at that moment (stop, crash, retry)."""
+        _LIVE.add(self)
 
-    def __call__(self, key: uuid.UUID) -> dict[str, Any]:
-        """Make the fake call under the effect's idempotency ``key``."""
-        if not isinstance(key, uuid.UUID):
-            raise TypeError(f"FakeProvider expects the effect's UUID key, got {type(key).__name__}")
+    def __call__(self, key: Hashable = None) -> dict[str, Any]:
+        """Make the fake call under ``key``: the effect's idempotency key (a UUID), or what
+        a direct call passes (any hashable value, or nothing)."""
+        if not isinstance(key, Hashable):
+            raise TypeError(f"FakeProvider needs a hashable key, got {type(key).__name__}")
         with self._lock:
             self.calls[key] += 1
             failure = self._failures.pop(0) if self._failures else None
@@ -86,9 +96,19 @@ class FakeProvider:
         """Calls made, over every key."""
         return self.calls.total()
 
-    def calls_for(self, key: uuid.UUID) -> int:
+    def calls_for(self, key: Hashable) -> int:
         """Calls made under ``key``."""
         return self.calls[key]
+
+    def counts(self) -> Counter[Hashable]:
+        """A copy of :attr:`calls`, taken under the lock."""
+        with self._lock:
+            return self.calls.copy()
+
+
+def live_providers() -> list[FakeProvider]:
+    """Every :class:`FakeProvider` still referenced somewhere, in no particular order."""
+    return list(_LIVE)
 
 
 def _check_times(times: int) -> None:

@@ -61,6 +61,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("TENANTS", "tenant_routing.py", ("--quick",)),
     Benchmark("MARIADB_MULTI", "mariadb_multistatement.py", ("--quick",)),
     Benchmark("ROUND_TRIPS", "round_trips.py", ("--quick",)),
+    Benchmark("FLOOR", "floor.py", ("--messages", "300", "--rounds", "3")),
     Benchmark("RELAY", "outbox_relay.py", ("--quick",)),
     Benchmark("effect_cost", "effect_cost.py", ("--messages", "100", "--rounds", "3")),
     Benchmark("outbox_publish", "outbox_publish.py", ("--messages", "200", "--rounds", "3")),
@@ -83,6 +84,9 @@ HELPERS = {
     "aio_profile.py",  # sums a profile for A1/A2 --profile
     "s6_app.py",  # the application S6's worker process runs
     "s7_database.py",  # S7's database-side figures; s7_batch_handler.py runs them
+    # S1 against other checkouts of the repository (git worktrees): run by hand with their
+    # paths, as benchmarks/README.md shows; its table goes there.
+    "s1_versions.py",
 }
 
 

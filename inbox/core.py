@@ -249,9 +249,10 @@ class Inbox(InboxBase[Session]):
         e-mail), once for this handler's claim across all its attempts, and return its
         result; callable only from inside a handler of this inbox.
 
-        The effect is (this handler's claim key, its name, ``step``); ``key`` is
-        ``uuid5(KEY_NAMESPACE, f"{claim_key.hex()}:{handler}:{step}")``, the same on every
-        attempt: pass it to the other side as its idempotency key. The record is committed
+        The effect is (this handler's claim key, the tenant with ``sessions_for=``, its name,
+        ``step``); ``key`` is a UUIDv5 of those fields, each prefixed by its length (the
+        exact rule, and the version-1 keys that stay valid, in docs/effects.md), the same
+        on every attempt: pass it to the other side as its idempotency key. The record is committed
         as started before the call (in its own transaction, not the handler's), as done
         with the result (JSON) after it; on every later attempt a done effect returns the
         stored result without calling. An error from ``call`` is recorded and re-raised as

@@ -57,7 +57,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 import inbox
-from inbox.broker.topology import (
+from inbox.delivery.topology import (
     DEFAULT_MAX_TRIES,
     DEFAULT_RETRY_DELAYS,
     QueueTopology,

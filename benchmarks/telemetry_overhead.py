@@ -50,7 +50,7 @@ def child(mode: str, url: str) -> None:
 
     import inbox.telemetry
     from inbox import Inbox, Message, Outcome
-    from inbox._settlement import Settlement
+    from inbox.core._settlement import Settlement
     from inbox.telemetry._core import claim_timer
 
     def claim(message: Message) -> bool:

@@ -7,9 +7,9 @@ delivery: each (message, handler) pair commits its database effects once and onl
 
 from typing import TYPE_CHECKING
 
-from inbox._effect_ledger import EffectMode
-from inbox._handlers import HandlerFunc, KeyFunc, RegisteredHandler
 from inbox.core import Inbox
+from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler
+from inbox.effects._ledger import EffectMode
 from inbox.errors import (
     ClaimCommittedEarly,
     EffectError,

@@ -70,8 +70,8 @@ class VersionRequested(Exception):
 
 class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        from inbox._startup import required_revision
         from inbox._version import __version__
+        from inbox.core._startup import required_revision
 
         raise VersionRequested(
             f"{parser.prog} {__version__} (inbox schema revision {required_revision()})"
@@ -261,7 +261,7 @@ def unmigrated(exc: BaseException) -> str | None:
     )
     if not missing:
         return None
-    from inbox._startup import MIGRATE_HINT
+    from inbox.core._startup import MIGRATE_HINT
 
     found = _MISSING_TABLE.search(str(orig))
     name = next((n for n in found.groups() if n), None) if found else None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from sqlalchemy.orm import Session
 
-from inbox._effect_run import CURRENT_RUN
+from inbox.core._run import CURRENT_RUN
 from inbox.message import Message
 from inbox.result import ProcessResult
 

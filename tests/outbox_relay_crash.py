@@ -15,8 +15,8 @@ import sys
 from sqlalchemy import Connection
 
 from inbox.broker import Relay
-from inbox.broker._relay_publish import Sent
-from inbox.broker._relay_rows import Taken
+from inbox.outbox.relay._publish import Sent
+from inbox.outbox.relay._rows import Taken
 
 
 class CrashingRelay(Relay):

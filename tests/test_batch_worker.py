@@ -47,8 +47,8 @@ from support.worker import (
 from inbox import Inbox, Message
 from inbox.broker import Publisher, RetryPolicy, Worker
 from inbox.broker import cli as worker_cli
-from inbox.broker import headers as h
 from inbox.broker.cli import BROKER_URL_ENV, worker_main
+from inbox.delivery import headers as h
 
 HANDLER = "ops.apply"
 QUICK = RetryPolicy((0.2, 0.4), max_tries=3)
@@ -537,11 +537,13 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @contextmanager
 def logging_restored() -> Iterator[None]:
-    """worker_main() configures logging for the process (a root handler, quiet inbox.core
+    """worker_main() configures logging for the process (a root handler, quiet inbox.core._inbox
     and kombu loggers): undo that, or later tests that read the inbox's log lines see none."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    quieted = {name: logging.getLogger(name).level for name in ("inbox.core", "kombu", "amqp")}
+    quieted = {
+        name: logging.getLogger(name).level for name in ("inbox.core._inbox", "kombu", "amqp")
+    }
     try:
         yield
     finally:

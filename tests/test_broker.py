@@ -30,7 +30,7 @@ from support.worker import run_until_idle
 
 from inbox import Inbox, Message, PublishError
 from inbox.broker import DeadLetterReason, Publisher, QueueType, RetryPolicy, Worker
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 
 QUICK = RetryPolicy((0.2, 0.4), max_tries=3)
 IDLE = 1.5  # longer than the longest retry delay the tests use, so idle means done

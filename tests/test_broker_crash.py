@@ -39,8 +39,8 @@ from support.worker import (
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, RetryPolicy, Worker
-from inbox.broker.headers import TRIES
-from inbox.broker.topology import QueueTopology
+from inbox.delivery.headers import TRIES
+from inbox.delivery.topology import QueueTopology
 from inbox.message import uuid7
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """The worker's decision for every outcome of ``Inbox.process``, without a broker.
 
-:func:`inbox.broker._policy.decide` is pure: what the inbox made of the message, the tries
+:func:`inbox.delivery._policy.decide` is pure: what the inbox made of the message, the tries
 recorded on the delivery and the retry policy give ack, retry (with its delay), dead letter
 (with its reason) or halt (a configuration error: requeue and stop).
 """
@@ -23,7 +23,7 @@ from inbox import (
     UnsupportedDialect,
 )
 from inbox.broker import DeadLetterReason, RetryPolicy
-from inbox.broker._policy import Ack, DeadLetter, Halt, Retry, decide
+from inbox.delivery._policy import Ack, DeadLetter, Halt, Retry, decide
 
 POLICY = RetryPolicy((1.0, 5.0), max_tries=3)
 ID = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")
@@ -146,5 +146,5 @@ def test_invalid_reason_is_a_deprecated_alias_of_dead_letter_reason() -> None:
         alias = inbox.broker.InvalidReason  # type: ignore[attr-defined]
     assert alias is DeadLetterReason
     with pytest.deprecated_call():
-        from inbox.broker.codec import InvalidReason  # type: ignore[attr-defined]
+        from inbox.delivery.codec import InvalidReason  # type: ignore[attr-defined]
     assert InvalidReason is DeadLetterReason

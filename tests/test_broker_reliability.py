@@ -38,7 +38,7 @@ from support.worker import run_in_thread, run_until_idle, wait_until
 
 from inbox import Inbox, Message, ProcessResult
 from inbox.broker import Publisher, QueueType, RetryPolicy, Worker
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 
 QUICK = RetryPolicy((0.2, 0.4), max_tries=3)
 IDLE = 1.5

@@ -26,7 +26,6 @@ from kombu.message import Message as KombuMessage
 import inbox
 from inbox import Message
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
-from inbox.broker import headers as h
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._frames import (
     DEFERRED_COMPRESSION,
@@ -34,10 +33,11 @@ from inbox.broker._frames import (
     UNREADABLE,
     tolerant_frame_handler,
 )
-from inbox.broker._inbound import MAX_BODY_BYTES, decompress, read_delivery
-from inbox.broker._policy import DeadLetter
-from inbox.broker._stats import WorkerStats
-from inbox.broker.codec import UndecodableBody, decode_body, encode_body
+from inbox.delivery import headers as h
+from inbox.delivery._inbound import MAX_BODY_BYTES, decompress, read_delivery
+from inbox.delivery._policy import DeadLetter
+from inbox.delivery._stats import WorkerStats
+from inbox.delivery.codec import UndecodableBody, decode_body, encode_body
 
 JSON = "application/json"
 ID = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")
@@ -471,7 +471,7 @@ def test_the_blocking_inbox_and_its_tools_load_no_asyncio_layer() -> None:
     code = (
         "import sys\n"
         "import inbox, inbox.middleware, inbox.outbox, inbox.demo, inbox.demo_sms\n"
-        "import inbox.broker.cli, inbox.broker.relay_cli, inbox.retention.cli, inbox.admin.cli\n"
+        "import inbox.broker.cli, inbox.outbox.relay.cli, inbox.retention.cli, inbox.admin.cli\n"
         "loaded = [m for m in ('sqlalchemy.ext.asyncio', 'greenlet') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
         "print('ok')\n"

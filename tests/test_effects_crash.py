@@ -35,7 +35,7 @@ from support.worker import (
     worker_command,
 )
 
-from inbox.broker.topology import QueueTopology
+from inbox.delivery.topology import QueueTopology
 from inbox.schema import inbox_message
 
 pytestmark = pytest.mark.slow

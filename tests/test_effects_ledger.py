@@ -12,9 +12,9 @@ import pytest
 from support.databases import Database
 
 from inbox import HandlerFailed, ProcessResult, UncertainEffect
-from inbox._effect_ledger import Call, EffectMode, EffectRef, Ledger, Stored, effect_key
 from inbox.broker import RetryPolicy
-from inbox.broker._policy import DeadLetter, DeadLetterReason, decide
+from inbox.delivery._policy import DeadLetter, DeadLetterReason, decide
+from inbox.effects._ledger import Call, EffectMode, EffectRef, Ledger, Stored, effect_key
 from inbox.schema import inbox_effect
 
 LEAST, MOST = EffectMode.AT_LEAST_ONCE, EffectMode.AT_MOST_ONCE

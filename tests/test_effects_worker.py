@@ -18,8 +18,8 @@ from support.ledger import Provider, effect_store
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, RetryPolicy, Worker
-from inbox.broker import headers as h
 from inbox.broker._idle import delete_queues, run_until_idle
+from inbox.delivery import headers as h
 
 QUICK = RetryPolicy((0.05,), max_tries=3)
 

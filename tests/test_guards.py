@@ -1,4 +1,4 @@
-"""The guards (inbox/_guards.py): a handler's commit, rollback or close through the session,
+"""The guards (inbox/core/_guards.py): a handler's commit, rollback or close through the session,
 its transaction or the claim's connection is refused before it reaches the database, by
 shadowing public method names on those instances; this also fails loudly on a SQLAlchemy
 release whose session transaction or connection stops taking instance attributes."""
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Connection, create_engine, func, insert, select
 from sqlalchemy.orm import Session, SessionTransaction
 
-from inbox._guards import guard, transaction_guards, unguard
+from inbox.core._guards import guard, transaction_guards, unguard
 from inbox.errors import TransactionControlError
 from inbox.schema import inbox_message, metadata
 

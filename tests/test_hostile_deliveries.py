@@ -57,7 +57,7 @@ from support.worker import TIMEOUT, delete_queues, run_until_idle, wait_until
 
 from inbox import Inbox, Message
 from inbox.broker import RetryPolicy, Worker
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 from inbox.message import IDEMPOTENCY_KEY_HEADER
 from inbox.schema import metadata as inbox_metadata
 

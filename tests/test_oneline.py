@@ -9,7 +9,7 @@ from sqlalchemy.exc import DBAPIError
 from support.databases import Database
 
 from inbox._oneline import bounded, describe_error
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 
 CUSTOMER = "Zelda Quaxington, 12 Elm Street"
 

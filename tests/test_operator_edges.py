@@ -29,7 +29,7 @@ from support.relay import add_rows, make_relay, op_row
 
 from inbox import Inbox, Message
 from inbox.admin import admin_main
-from inbox.broker.relay_cli import relay_main
+from inbox.outbox.relay.cli import relay_main
 from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_effect, inbox_message, metadata
 

@@ -19,7 +19,7 @@ from support.databases import Database
 from support.strategies import json_values, near_ids
 
 from inbox import InvalidMessage, Outbox, SessionConfigurationError
-from inbox._headers import MAX_HEADERS_BYTES
+from inbox.outbox._amqp_limits import MAX_HEADERS_BYTES
 from inbox.outbox._row import row_from_mapping
 from inbox.schema import metadata, outbox_message
 

@@ -30,9 +30,9 @@ from support.relay import (
 
 from inbox import InvalidMessage, Outbox
 from inbox.broker import Relay, outbox_status
-from inbox.broker._relay_publish import BatchPublisher
-from inbox.broker.relay_cli import relay_main
 from inbox.outbox._row import OutboxRow
+from inbox.outbox.relay._publish import BatchPublisher
+from inbox.outbox.relay.cli import relay_main
 from inbox.schema import outbox_message
 
 PERSISTENT = 2

@@ -18,8 +18,8 @@ from support.relay import add_rows, declare_queue, op_row, outbox_ids, receive_a
 from support.worker import wait_until
 
 from inbox.broker import Relay
-from inbox.broker._relay_publish import Sent
-from inbox.broker._relay_rows import Taken
+from inbox.outbox.relay._publish import Sent
+from inbox.outbox.relay._rows import Taken
 
 ROWS = 10_000
 WRITE_BATCH = 50

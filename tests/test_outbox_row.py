@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inbox import InvalidMessage
-from inbox._headers import MAX_HEADER_DEPTH, MAX_HEADERS_BYTES, check_headers
+from inbox.outbox._amqp_limits import MAX_HEADER_DEPTH, MAX_HEADERS_BYTES, check_headers
 from inbox.outbox._row import (
     OutboxRow,
     headers_from_json,
@@ -221,7 +221,7 @@ def test_what_is_accepted_is_what_py_amqp_encodes_at_the_size_counted(
 ) -> None:
     from amqp.basic_message import Message as AMQPMessage
 
-    from inbox._headers import _table_size
+    from inbox.outbox._amqp_limits import _table_size
 
     check_headers(headers)
     flags = 2  # the property flags before the table

@@ -37,7 +37,7 @@ from inbox import EffectError, HandlerFailed, Inbox, Message, Outbox, Outcome
 from inbox.admin import admin_main
 from inbox.aio import AsyncInbox
 from inbox.broker import Publisher, Relay, RetryPolicy, Worker
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 from inbox.faststream import subscribe_rabbit
 from inbox.schema import inbox_effect, inbox_message, outbox_message
 from inbox.schema import metadata as inbox_metadata

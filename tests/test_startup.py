@@ -19,7 +19,8 @@ from support.databases import Database, effects_metadata
 from support.rabbit import Rabbit
 from support.worker import TIMEOUT, WorkerProcess, wait_until, worker_command
 
-from inbox._startup import (
+from inbox.broker.cli import worker_main
+from inbox.core._startup import (
     APP_VERSION_TABLE,
     SchemaNotReady,
     _unreachable,
@@ -28,8 +29,7 @@ from inbox._startup import (
     required_revision,
     wait_for_schema,
 )
-from inbox.broker.cli import worker_main
-from inbox.broker.relay_cli import relay_main
+from inbox.outbox.relay.cli import relay_main
 from inbox.schema import inbox_effect, inbox_message, metadata, outbox_message
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from support.databases import Database, effects
 from support.effects import Recorder, order, record_effect
 
 from inbox import Inbox, Message, Outcome
-from inbox._retry import is_transient
+from inbox.core._retry import is_transient
 
 
 def test_mariadb_lock_wait_timeout_is_retried_until_the_lock_is_released(
@@ -161,6 +161,6 @@ def test_statement_listeners_see_the_claim(db: Database, instrumented: bool) -> 
     checks_seen = [s for s in seen if s.startswith("SELECT") and "inbox_message" in s]
     assert len(claims_seen) == (2 if instrumented else 0)
     # Before each commit, one check that the transaction still holds its claim; none on
-    # PostgreSQL, where the server's reported marker tells it (inbox/_backends/_postgresql.py).
+    # PostgreSQL, where the server's reported marker tells it (inbox/core/_backends/_postgresql.py).
     checks = 0 if db.backend == "postgresql" else 2
     assert len(checks_seen) == (checks if instrumented else 0)

@@ -32,11 +32,11 @@ from support.rabbit import Rabbit
 from support.worker import run_until_idle
 
 from inbox import Inbox, InvalidBody, InvalidMessage, Message, Outbox, Outcome, RegistrationError
-from inbox._bodies import plain_body
 from inbox.aio import AsyncInbox
 from inbox.broker import DeadLetterReason, Publisher, RetryPolicy, Worker
-from inbox.broker import headers as h
-from inbox.broker._policy import DeadLetter, decide
+from inbox.core._bodies import plain_body
+from inbox.delivery import headers as h
+from inbox.delivery._policy import DeadLetter, decide
 from inbox.schema import inbox_message, outbox_message
 from inbox.schema import metadata as inbox_metadata
 

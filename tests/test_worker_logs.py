@@ -15,7 +15,7 @@ from support.databases import Database
 from support.rabbit import Rabbit
 from support.worker import TESTS_DIR, WorkerProcess, declare, publish, wait_until, worker_command
 
-from inbox.broker import headers as h
+from inbox.delivery import headers as h
 
 RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 

@@ -1,7 +1,7 @@
 """One message's claims and effect records: find them by message id or business key, and
 release them so that the next delivery runs the handler again.
 
-The keys are computed as the core computes them (:meth:`inbox._handlers.RegisteredHandler
+The keys are computed as the core computes them (:meth:`inbox.core._handlers.RegisteredHandler
 .claim_key`): a handler without ``key=`` claims under the producer's ``idempotency-key``
 (``uuid5(KEY_NAMESPACE, key)``) or else the message id; a handler with ``key=`` under what
 its function returned (a string through the same ``uuid5``, a UUID or 16 bytes as they are).

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
 from inbox.admin import _claims, _render, _status
-from inbox.broker import _dead_letters as dead_letters
+from inbox.admin import _dead_letters as dead_letters
 from inbox.retention._targets import schemas_holding
 
 __all__ = [

@@ -19,8 +19,8 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox.broker._dead_letter_age import oldest_dead_letter
-from inbox.broker._dead_letters import open_channel
+from inbox.admin._dead_letter_age import oldest_dead_letter
+from inbox.admin._dead_letters import open_channel
 from inbox.broker.cli import BROKER_URL_ENV
 from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.retention.cli import cleanup_main

@@ -13,7 +13,7 @@ from alembic.config import Config
 from sqlalchemy import URL, Engine
 
 from inbox._cli import UsageError
-from inbox._startup import (
+from inbox.core._startup import (
     APP_VERSION_TABLE,
     INBOX_VERSION_TABLE,
     _recorded,

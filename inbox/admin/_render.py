@@ -12,9 +12,9 @@ from typing import Any
 
 from inbox._oneline import bounded
 from inbox.admin._claims import Found
+from inbox.admin._dead_letters import DeadLetter, summary_fields
+from inbox.admin._replay import MoveReport
 from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
-from inbox.broker._dead_letters import DeadLetter, summary_fields
-from inbox.broker._replay import MoveReport
 
 __all__ = [
     "as_json",

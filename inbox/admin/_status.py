@@ -21,7 +21,7 @@ from sqlalchemy import (
     text,
 )
 
-from inbox.retention._catalog import is_partitioned, list_partitions
+from inbox.partitioning._catalog import is_partitioned, list_partitions
 
 __all__ = [
     "DONE_WITHOUT_RESULT",

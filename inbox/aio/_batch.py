@@ -1,4 +1,4 @@
-"""Batches, awaited: the blocking inbox's batch decisions (:func:`inbox._batch.settle` and
+"""Batches, awaited: the blocking inbox's batch decisions (:func:`inbox.core._batch.settle` and
 the functions that shape the transaction) driven with awaits."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from inbox._batch import (
+from inbox.aio._retry import run_with_retries
+from inbox.aio._transaction import AsyncHandlerTransaction
+from inbox.core._batch import (
     Alone,
     BatchResult,
     Steps,
@@ -18,14 +20,12 @@ from inbox._batch import (
     settle,
     split,
 )
-from inbox._batch_handlers import batched
-from inbox._guards import Guards
-from inbox._handlers import Registry
-from inbox._retry import Backoff
-from inbox._routing import Planned
-from inbox._settlement import Settlement
-from inbox.aio._retry import run_with_retries
-from inbox.aio._transaction import AsyncHandlerTransaction
+from inbox.core._batch_handlers import batched
+from inbox.core._guards import Guards
+from inbox.core._handlers import Registry
+from inbox.core._retry import Backoff
+from inbox.core._routing import Planned
+from inbox.core._settlement import Settlement
 from inbox.errors import HandlerFailed
 from inbox.message import Message
 from inbox.result import ProcessResult
@@ -35,7 +35,7 @@ __all__ = ["AsyncBatchProcessor"]
 
 class AsyncBatchProcessor:
     """Runs :meth:`inbox.aio.AsyncInbox.process_batch` with the inbox's parts (as
-    :class:`inbox._batch.BatchProcessor` does for the blocking inbox)."""
+    :class:`inbox.core._batch.BatchProcessor` does for the blocking inbox)."""
 
     def __init__(
         self,

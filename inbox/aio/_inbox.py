@@ -12,16 +12,16 @@ from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from inbox._effect_ledger import EffectMode
-from inbox._handlers import KeyFunc, RegisteredHandler, require_async
-from inbox._middleware import wrap_delivery
-from inbox._registration import InboxBase
-from inbox._routing import CONFIGURATION_ERRORS, Planned, require_messages
-from inbox._sessions import check_session_factory
-from inbox._settlement import Failed, Pause, Run, advance, settle
 from inbox.aio._batch import AsyncBatchProcessor
-from inbox.aio._effects import AsyncEffectCall, AsyncEffects
 from inbox.aio._transaction import AsyncHandlerTransaction
+from inbox.core._chain import wrap_delivery
+from inbox.core._handlers import KeyFunc, RegisteredHandler, require_async
+from inbox.core._registration import InboxBase
+from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
+from inbox.core._sessions import check_session_factory
+from inbox.core._settlement import Failed, Pause, Run, advance, settle
+from inbox.effects._awaited import AsyncEffectCall, AsyncEffects
+from inbox.effects._ledger import EffectMode
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
 from inbox.middleware import AsyncDeliveryHook, AsyncMiddleware
@@ -243,7 +243,7 @@ class AsyncInbox(InboxBase[AsyncSession]):
         return await self._effects.run(step, call, mode)
 
     async def _settle(self, planned: Planned) -> ProcessResult:
-        # The decisions are settle()'s (inbox/_settlement.py); here they are awaited.
+        # The decisions are settle()'s (inbox/core/_settlement.py); here they are awaited.
         steps, reply = settle(planned, self._backoff), None
         while not isinstance(step := advance(steps, reply), ProcessResult):
             reply = await (self._attempt(step) if isinstance(step, Run) else _pause(step))

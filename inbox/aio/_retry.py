@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from inbox._retry import Backoff, log_retry
+from inbox.core._retry import Backoff, log_retry
 
 __all__ = ["run_with_retries"]
 

@@ -1,4 +1,4 @@
-"""The handler transaction, awaited: :class:`~inbox._transaction.HandlerTransaction` driven
+"""The handler transaction, awaited: :class:`~inbox.core._transaction.HandlerTransaction` driven
 from async code.
 
 SQLAlchemy's asyncio layer is a thin shell around the blocking ``Session``: ``run_sync``
@@ -20,11 +20,11 @@ from typing import cast
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from inbox._backends import ClaimRow, Claims
-from inbox._guards import Guards
-from inbox._handlers import RegisteredHandler
-from inbox._transaction import HandlerTransaction
 from inbox.aio._completion import run_to_completion
+from inbox.core._backends import ClaimRow, Claims
+from inbox.core._guards import Guards
+from inbox.core._handlers import RegisteredHandler
+from inbox.core._transaction import HandlerTransaction
 from inbox.errors import HandlerInterrupted, RegistrationError, SessionConfigurationError
 from inbox.message import Message
 from inbox.telemetry._core import claim_timer

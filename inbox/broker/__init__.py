@@ -4,12 +4,12 @@ relay."""
 
 import warnings
 
-from inbox.broker._policy import DeadLetterReason
 from inbox.broker.errors import PublishError
 from inbox.broker.publisher import Publisher
-from inbox.broker.relay import OutboxStatus, Relay, RelayStats, outbox_status
-from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.broker.worker import Worker, WorkerStats, install_signal_handlers
+from inbox.delivery._policy import DeadLetterReason
+from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.outbox.relay import OutboxStatus, Relay, RelayStats, outbox_status
 
 __all__ = [
     "DeadLetterReason",

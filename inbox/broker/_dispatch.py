@@ -1,7 +1,7 @@
 """One delivery, or a batch of them, through the inbox and to its end: ack, retry, dead letter.
 
-The kombu-free half of the worker: it reads the delivery (:mod:`inbox.broker._inbound`), runs
-the inbox, asks :func:`inbox.broker._policy.decide`, and carries the decision out, sending
+The kombu-free half of the worker: it reads the delivery (:mod:`inbox.delivery._inbound`), runs
+the inbox, asks :func:`inbox.delivery._policy.decide`, and carries the decision out, sending
 copies through the :class:`~inbox.broker._forwarder.Forwarder`. Nothing here knows SQL.
 """
 
@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 
 from kombu.message import Message as Delivery
 
-from inbox.broker import headers as h
 from inbox.broker._acks import AckTracker
 from inbox.broker._forwarder import Forwarder
-from inbox.broker._inbound import read_delivery
 from inbox.broker._observe import observe_decision, traced_batch, traced_delivery
-from inbox.broker._policy import (
+from inbox.core import Inbox
+from inbox.delivery import headers as h
+from inbox.delivery._inbound import read_delivery
+from inbox.delivery._policy import (
     Ack,
     DeadLetter,
     Decision,
@@ -28,9 +29,8 @@ from inbox.broker._policy import (
     decide,
     retry_headers,
 )
-from inbox.broker._stats import WorkerStats
-from inbox.broker.topology import QueueTopology, RetryPolicy
-from inbox.core import Inbox
+from inbox.delivery._stats import WorkerStats
+from inbox.delivery.topology import QueueTopology, RetryPolicy
 from inbox.errors import HandlerFailed
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult

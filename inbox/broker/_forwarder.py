@@ -25,11 +25,11 @@ from typing import Any, Final
 from kombu.message import Message as Delivery
 
 from inbox.broker._confirms import PERSISTENT, fits_in_frame
-from inbox.broker._copies import trimmed_headers
 from inbox.broker._frames import RAW_PROPERTIES, UNREADABLE
-from inbox.broker._inbound import body_bytes, sent_headers
-from inbox.broker._policy import DeadLetterReason
-from inbox.broker._stats import WorkerStats
+from inbox.delivery._copies import trimmed_headers
+from inbox.delivery._inbound import body_bytes, sent_headers
+from inbox.delivery._policy import DeadLetterReason
+from inbox.delivery._stats import WorkerStats
 
 __all__ = ["Forwarder", "Refused"]
 

@@ -7,16 +7,16 @@ import functools
 from typing import TYPE_CHECKING
 
 from inbox._cli import whole_number
-from inbox._readiness import database_not_ready
 from inbox.broker._health import DEFAULT_STALE_AFTER, HealthServer, Probed
 from inbox.core import Inbox
+from inbox.core._readiness import database_not_ready
 from inbox.telemetry._gauges import observe_worker
 from inbox.telemetry._prometheus import prometheus_exposition
 
 if TYPE_CHECKING:
     import datetime as dt
 
-    from inbox.broker.relay import Relay
+    from inbox.outbox.relay._relay import Relay
 
 __all__ = ["add_health_arguments", "health_server"]
 
@@ -79,7 +79,7 @@ def health_server(
 
 def _backlog(relay: Relay) -> tuple[int, dt.datetime | None]:
     """The relay's outbox now: rows pending and the oldest one's creation time."""
-    from inbox.broker.relay import outbox_status
+    from inbox.outbox.relay._relay import outbox_status
 
     status = outbox_status(relay.engine, relay.table)
     return status.pending, status.oldest_created_at

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from kombu.message import Message as Delivery
 
-from inbox.broker._policy import Ack, Decision, Halt, Retry
+from inbox.delivery._policy import Ack, Decision, Halt, Retry
 from inbox.telemetry import _names as n
 from inbox.telemetry._api import Instruments, configured, tracing
 from inbox.telemetry._context import extract_context, inject_context

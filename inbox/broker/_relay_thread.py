@@ -11,9 +11,9 @@ from typing import Protocol
 
 from kombu.connection import Connection
 
-from inbox._startup import inbox_engine
-from inbox.broker.relay import Relay
 from inbox.core import Inbox
+from inbox.core._startup import inbox_engine
+from inbox.outbox.relay._relay import Relay
 
 __all__ = ["RelayThread", "relay_for", "running_beside"]
 

@@ -33,22 +33,22 @@ from inbox._cli import (
     usage_line,
     whole_number,
 )
-from inbox._startup import (
+from inbox.broker._health_cli import add_health_arguments, health_server
+from inbox.broker._logging import LOG_FORMATS, configure_logging
+from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
+from inbox.broker._signals import install_signal_handlers
+from inbox.broker.connection import safe_uri
+from inbox.broker.worker import Worker
+from inbox.core import Inbox
+from inbox.core._startup import (
     SchemaNotReady,
     effect_store,
     wait_for_schema,
     worker_engine,
     worker_tables,
 )
-from inbox.broker._health_cli import add_health_arguments, health_server
-from inbox.broker._logging import LOG_FORMATS, configure_logging
-from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.codec import JSON
-from inbox.broker.connection import safe_uri
-from inbox.broker.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
-from inbox.broker.worker import Worker
-from inbox.core import Inbox
+from inbox.delivery.codec import JSON
+from inbox.delivery.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
 from inbox.errors import SessionConfigurationError, UnsupportedDialect
 
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
 BROKER_URL_ENV = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
 EXIT_CONFIGURATION_ERROR = 3
-_configure_logging = configure_logging  # the name inbox.broker.relay_cli imports
+_configure_logging = configure_logging  # the name inbox.outbox.relay.cli imports
 
 
 def _worker_parser() -> UsageParser:

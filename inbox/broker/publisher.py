@@ -23,11 +23,11 @@ from kombu.exceptions import ChannelError as KombuChannelError
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
-from inbox._outgoing import outgoing
 from inbox.broker._observe import traced_publish
 from inbox.broker.connection import confirming_connection
 from inbox.broker.errors import PublishError
 from inbox.message import Message
+from inbox.outbox._arguments import outgoing
 
 __all__ = ["Publisher"]
 
@@ -86,7 +86,7 @@ class Publisher:
         deduplicated too. ``message_id`` re-sends a message under the id it already has.
         An argument that cannot be sent raises :class:`inbox.InvalidMessage` (also a
         ``TypeError`` for a wrong type) before anything is sent: the rules of
-        :meth:`inbox.Outbox.publish`, checked in one place (``inbox._outgoing``).
+        :meth:`inbox.Outbox.publish`, checked in one place (``inbox.outbox._arguments``).
         """
         message = outgoing(
             type,

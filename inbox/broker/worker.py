@@ -19,11 +19,11 @@ from inbox.broker._dispatch import Dispatcher, Inbound
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._options import check_options
 from inbox.broker._signals import install_signal_handlers
-from inbox.broker._stats import WorkerStats
-from inbox.broker.codec import JSON
 from inbox.broker.connection import consuming_connection
-from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy, declare_topology
 from inbox.core import Inbox
+from inbox.delivery._stats import WorkerStats
+from inbox.delivery.codec import JSON
+from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy, declare_topology
 
 __all__ = ["Worker", "WorkerStats", "install_signal_handlers"]
 

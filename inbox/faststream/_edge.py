@@ -2,9 +2,9 @@
 
 The broker-independent half of the FastStream edge, and the kombu worker's decisions reused
 as they are: the delivery's parts become a Message or a dead-letter reason
-(:func:`inbox.broker._inbound.read_message`), :func:`inbox.broker._policy.decide` turns the
+(:func:`inbox.delivery._inbound.read_message`), :func:`inbox.delivery._policy.decide` turns the
 inbox's result or error into ack / retry / dead letter / halt, and the copies carry the
-headers :mod:`inbox.broker._policy` writes. A :class:`Transport` carries the decision out on
+headers :mod:`inbox.delivery._policy` writes. A :class:`Transport` carries the decision out on
 one broker. Nothing here knows SQL.
 """
 
@@ -21,10 +21,10 @@ from faststream.exceptions import StopConsume
 from faststream.message import StreamMessage
 
 from inbox.aio import AsyncInbox
-from inbox.broker import headers as h
-from inbox.broker._copies import trimmed_headers
-from inbox.broker._inbound import read_id, read_message
-from inbox.broker._policy import (
+from inbox.delivery import headers as h
+from inbox.delivery._copies import trimmed_headers
+from inbox.delivery._inbound import read_id, read_message
+from inbox.delivery._policy import (
     Ack,
     DeadLetter,
     DeadLetterReason,
@@ -34,8 +34,8 @@ from inbox.broker._policy import (
     decide,
     retry_headers,
 )
-from inbox.broker._stats import WorkerStats
-from inbox.broker.topology import RetryPolicy
+from inbox.delivery._stats import WorkerStats
+from inbox.delivery.topology import RetryPolicy
 from inbox.errors import HandlerFailed
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
@@ -265,7 +265,7 @@ class InboxEdge:
         self, inbound: Inbound, target: str, added: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
         """Where a copy too large for the broker goes instead, with which headers: the
-        kombu worker's plan (:mod:`inbox.broker._copies`)."""
+        kombu worker's plan (:mod:`inbox.delivery._copies`)."""
         dead_letters = f"{self.transport.queue}.dlq"
         logger.error(
             "message %s: its copy for %s does not fit in one frame; dead-lettered to %s with "

@@ -26,7 +26,7 @@ from faststream.rabbit.testing import PatchedMessage
 from pamqp.header import ContentHeader
 
 from inbox.aio import AsyncInbox
-from inbox.broker.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport, logger
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
@@ -78,7 +78,7 @@ def subscribe_rabbit(
 
 
 async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
-    # The edge decodes the body itself (inbox.broker.codec), so an undecodable one is
+    # The edge decodes the body itself (inbox.delivery.codec), so an undecodable one is
     # dead-lettered with its reason instead of failing inside FastStream before any ack.
     return msg
 

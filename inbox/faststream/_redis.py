@@ -18,8 +18,8 @@ from faststream.redis import RedisBroker, StreamSub
 from redis.exceptions import RedisError
 
 from inbox.aio import AsyncInbox
-from inbox.broker import headers as h
-from inbox.broker.topology import RetryPolicy
+from inbox.delivery import headers as h
+from inbox.delivery.topology import RetryPolicy
 from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
 from inbox.faststream._subscription import InboxSubscription, check_positive
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inbox.broker._stats import WorkerStats
+from inbox.delivery._stats import WorkerStats
 from inbox.faststream._edge import InboxEdge
 
 __all__ = ["InboxSubscription", "check_positive"]

@@ -16,7 +16,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from inbox._startup import INBOX_VERSION_TABLE as VERSION_TABLE
+from inbox.core._startup import INBOX_VERSION_TABLE as VERSION_TABLE
 from inbox.schema import metadata
 
 DEFAULT_URL = "sqlite:///inbox.db"

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import Table
 
-from inbox._outgoing import InvalidArgumentType, outgoing
 from inbox.errors import InvalidMessage
 from inbox.message import Message
+from inbox.outbox._arguments import InvalidArgumentType, outgoing
 from inbox.outbox._mapping import record_class, resolve_outbox_table
 from inbox.outbox._row import encoded_headers
 from inbox.outbox._session import joined_session

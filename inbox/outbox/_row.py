@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from inbox._headers import check_headers
 from inbox.errors import InvalidMessage
+from inbox.outbox._amqp_limits import check_headers
 
 __all__ = [
     "OutboxRow",
@@ -112,12 +112,13 @@ def row_from_mapping(mapping: Mapping[Any, Any]) -> OutboxRow:
 
 def headers_to_json(headers: Mapping[str, Any]) -> str:
     """``headers`` as JSON text for the ``headers`` column; :class:`~inbox.InvalidMessage`
-    for a name or value an AMQP table cannot carry (see :mod:`inbox._headers`)."""
+    for a name or value an AMQP table cannot carry (see :mod:`inbox.outbox._amqp_limits`)."""
     return encoded_headers(check_headers(headers))
 
 
 def encoded_headers(checked: Mapping[str, Any]) -> str:
-    """:func:`headers_to_json` for headers :func:`inbox._headers.check_headers` passed."""
+    """:func:`headers_to_json` for headers that
+    :func:`inbox.outbox._amqp_limits.check_headers` passed."""
     return json.dumps(
         {name: _encode(value) for name, value in checked.items()},
         ensure_ascii=True,

@@ -57,7 +57,7 @@ from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import Integer
 
 from inbox.errors import UnsupportedDialect
-from inbox.retention._catalog import UNDEFINED_TABLE
+from inbox.partitioning._catalog import UNDEFINED_TABLE
 from inbox.retention._sizing import BatchSizing
 from inbox.schema import UTCDateTime
 

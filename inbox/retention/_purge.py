@@ -12,17 +12,17 @@ from typing import Final
 
 from sqlalchemy import URL, Engine, Table, create_engine
 
+from inbox.partitioning._catalog import is_partitioned, list_partitions
+from inbox.partitioning._drop import drop_partitions
+from inbox.partitioning._ids import first_id_at
+from inbox.partitioning._layout import partition_table
 from inbox.retention._batches import count_expired, delete_in_batches
-from inbox.retention._catalog import is_partitioned, list_partitions
-from inbox.retention._drop import drop_partitions
-from inbox.retention._effects import (
+from inbox.retention._effect_records import (
     count_expired_effects,
     delete_expired_effects,
     effect_sizing,
     has_effect_table,
 )
-from inbox.retention._ids import first_id_at
-from inbox.retention._layout import partition_table
 from inbox.retention._sizing import DEFAULT_BATCH_SECONDS, BatchSizing
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,

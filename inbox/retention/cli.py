@@ -29,9 +29,9 @@ from inbox._cli import (
     usage_line,
     whole_number,
 )
-from inbox.retention._catalog import is_partitioned
-from inbox.retention._create import ensure_partitions
-from inbox.retention._layout import DEFAULT_DAYS_AHEAD
+from inbox.partitioning._catalog import is_partitioned
+from inbox.partitioning._create import ensure_partitions
+from inbox.partitioning._layout import DEFAULT_DAYS_AHEAD
 from inbox.retention._purge import (
     DEFAULT_BATCH_SECONDS,
     MAX_BATCH_SECONDS,

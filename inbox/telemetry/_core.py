@@ -1,8 +1,9 @@
 """What the core records: each handler's outcome, time and span, claim times, message age.
 
-:func:`watch` gives a :class:`MessageWatch` per message that :class:`inbox._settlement.Settlement`
-feeds with outcomes as they come in; :func:`claim_timer` times the claim statement. Without
-OpenTelemetry, or until an SDK is configured, both return None: the core pays a call.
+:func:`watch` gives a :class:`MessageWatch` per message that
+:class:`inbox.core._settlement.Settlement` feeds with outcomes as they come in;
+:func:`claim_timer` times the claim statement. Without OpenTelemetry, or until an SDK is
+configured, both return None: the core pays a call.
 """
 
 from __future__ import annotations

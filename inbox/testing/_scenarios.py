@@ -20,8 +20,8 @@ from typing import Any, TypeAlias
 
 from sqlalchemy import Connection
 
-from inbox._handlers import HandlerFunc, Registry, is_coroutine_callable
-from inbox._registration import InboxBase
+from inbox.core._handlers import HandlerFunc, Registry, is_coroutine_callable
+from inbox.core._registration import InboxBase
 from inbox.errors import HandlerFailed
 from inbox.result import Outcome, ProcessResult
 
@@ -36,7 +36,7 @@ __all__ = [
     "scenarios",
 ]
 
-_CORE_LOG = logging.getLogger("inbox.core")
+_CORE_LOG = logging.getLogger("inbox.core._inbox")
 
 
 class InjectedFailure(Exception):

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Table
 
-from inbox._registration import InboxBase
 from inbox.core import Inbox
+from inbox.core._registration import InboxBase
 from inbox.message import Message
 from inbox.schema import outbox_message
 from inbox.testing._drive import async_engines_of, drive, drive_async, engines_of

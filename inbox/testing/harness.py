@@ -18,10 +18,10 @@ from typing import Any, Self
 from kombu.connection import Connection
 
 from inbox.broker import Publisher, RetryPolicy, Worker, WorkerStats
-from inbox.broker import headers as h
 from inbox.broker._idle import delete_queues, run_until_idle
-from inbox.broker.codec import decode_body
 from inbox.core import Inbox
+from inbox.delivery import headers as h
+from inbox.delivery.codec import decode_body
 
 __all__ = ["DeadLetterCopy", "WorkerHarness"]
 

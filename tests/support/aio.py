@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import InboxError, Message, ProcessResult
-from inbox._handlers import default_name
 from inbox.aio import AsyncInbox
+from inbox.core._handlers import default_name
 from support.databases import Database, effects, fresh_database
 
 T = TypeVar("T")

@@ -150,7 +150,7 @@ def injected() -> Iterator[None]:
     if not what:
         yield
         return
-    from inbox._transaction import HandlerTransaction
+    from inbox.core._transaction import HandlerTransaction
 
     original = HandlerTransaction.check_and_commit
 

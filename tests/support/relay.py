@@ -153,5 +153,5 @@ def relay_command() -> list[str]:
     return [
         sys.executable,
         "-c",
-        "import sys; from inbox.broker.relay_cli import relay_main; sys.exit(relay_main())",
+        "import sys; from inbox.outbox.relay.cli import relay_main; sys.exit(relay_main())",
     ]

@@ -62,7 +62,7 @@ class Relays:
     def start(self) -> subprocess.Popen[bytes]:
         script = Path(sys.executable).with_name("inbox-relay")
         command = (
-            [str(script)] if script.exists() else [sys.executable, "-m", "inbox.broker.relay_cli"]
+            [str(script)] if script.exists() else [sys.executable, "-m", "inbox.outbox.relay.cli"]
         )
         log = self.logs / f"relay-{len(self.log_files):03d}.log"
         with log.open("wb") as stderr:

@@ -1,0 +1,176 @@
+"""Moving dead letters: ``replay`` copies them back to their queue, ``purge`` deletes them.
+Both read at most the messages the dead-letter queue held when they began (or ``limit``), so
+nothing they put back or that is dead-lettered meanwhile is read twice in one run; both
+leave what they do not take in its place (see :func:`inbox.admin._dead_letters.hold`).
+
+A replayed copy is confirmed by the broker before its dead letter is acked: a crash loses
+nothing, and at most the one message in flight is then in both queues, whose second delivery
+the inbox skips for every handler that committed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import amqp
+
+from inbox.admin._dead_letters import (
+    DROPPED_PROPERTIES,
+    FAILURE_HEADERS,
+    REPLAYED_AT,
+    REPLAYS,
+    DeadLetter,
+    dead_letter_queue,
+    depth,
+    hold,
+    publish_confirmed,
+)
+from inbox.delivery import headers as h
+
+__all__ = ["Filters", "MoveReport", "purge", "replay"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which dead letters to take: all of these that are given must hold."""
+
+    reasons: frozenset[str] = frozenset()
+    """``x-inbox-reason`` is one of these."""
+    handlers: frozenset[str] = frozenset()
+    """One of these is among ``x-inbox-failed-handlers``."""
+    older_than: dt.timedelta | None = None
+    """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
+
+    def take(self, letter: DeadLetter, now: dt.datetime) -> bool:
+        """Whether ``letter`` passes every filter given."""
+        if self.reasons and letter.reason not in self.reasons:
+            return False
+        if self.handlers and not self.handlers & set(letter.failed_handlers):
+            return False
+        if self.older_than is None:
+            return True
+        at = letter.dead_lettered()
+        return at is not None and now - at >= self.older_than
+
+
+@dataclass(slots=True)
+class MoveReport:
+    """What a replay or purge did: ``present`` dead letters at the start, ``to_read`` of them
+    to read (``limit``), ``examined`` read, ``moved`` replayed or purged (or that would be, on
+    a dry run)."""
+
+    queue: str
+    dead_letter_queue: str
+    present: int
+    to_read: int
+    dry_run: bool
+    examined: int = 0
+    moved: int = 0
+    not_matching: int = 0
+    replayed_too_often: list[DeadLetter] = field(default_factory=list)
+
+
+def replay(
+    channel: amqp.Channel,
+    queue: str,
+    filters: Filters,
+    *,
+    limit: int | None = None,
+    max_replays: int = 3,
+    keep_tries: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[MoveReport], None] | None = None,
+) -> MoveReport:
+    """Copy the dead letters of ``queue`` back to it: tries reset (the worker's failure
+    headers removed, unless ``keep_tries``), :data:`REPLAYS` incremented. Those replayed
+    ``max_replays`` times already stay. Broker errors propagate; whatever was not acked yet
+    then stays in the dead-letter queue."""
+    depth(channel, queue)  # the queue must exist, or every copy would be returned
+    report = _report(channel, queue, limit, dry_run)
+    for message, letter in _bounded(channel, report, filters, progress):
+        if letter.replays >= max_replays:
+            report.replayed_too_often.append(letter)
+            hold(channel, message, report.dead_letter_queue)
+            continue
+        report.moved += 1
+        if dry_run:
+            hold(channel, message, report.dead_letter_queue)
+            continue
+        properties = _replayed(message.properties, letter, keep_tries=keep_tries)
+        publish_confirmed(channel, message.body, properties, queue)
+        # Acked only after the broker confirmed the copy: a crash before this line leaves
+        # the dead letter where it was (and maybe the copy too), never neither.
+        channel.basic_ack(message.delivery_tag)
+    return report
+
+
+def purge(
+    channel: amqp.Channel,
+    queue: str,
+    filters: Filters,
+    *,
+    limit: int | None = None,
+    dry_run: bool = False,
+    progress: Callable[[MoveReport], None] | None = None,
+) -> MoveReport:
+    """Delete the dead letters of ``queue`` that pass ``filters`` (ack them, one by one)."""
+    report = _report(channel, queue, limit, dry_run)
+    for message, _ in _bounded(channel, report, filters, progress):
+        report.moved += 1
+        if dry_run:
+            hold(channel, message, report.dead_letter_queue)
+        else:
+            channel.basic_ack(message.delivery_tag)
+    return report
+
+
+def _report(channel: amqp.Channel, queue: str, limit: int | None, dry_run: bool) -> MoveReport:
+    dlq = dead_letter_queue(queue)
+    present = depth(channel, dlq)
+    return MoveReport(
+        queue, dlq, present, present if limit is None else min(present, limit), dry_run
+    )
+
+
+def _bounded(
+    channel: amqp.Channel,
+    report: MoveReport,
+    filters: Filters,
+    progress: Callable[[MoveReport], None] | None,
+) -> Iterator[tuple[amqp.Message, DeadLetter]]:
+    """The dead letters present at the start (at most ``report.to_read``) that pass
+    ``filters``; the others are held in place."""
+    now = dt.datetime.now(dt.UTC)
+    for _ in range(report.to_read):
+        message = channel.basic_get(report.dead_letter_queue, no_ack=False)
+        if message is None:
+            break
+        report.examined += 1
+        letter = DeadLetter.read(message)
+        if filters.take(letter, now):
+            yield message, letter
+        else:
+            report.not_matching += 1
+            hold(channel, message, report.dead_letter_queue)
+        if progress is not None:
+            progress(report)
+
+
+def _replayed(
+    properties: Mapping[str, Any], letter: DeadLetter, *, keep_tries: bool
+) -> dict[str, Any]:
+    copied = {k: v for k, v in properties.items() if k not in DROPPED_PROPERTIES}
+    headers = dict(copied.get("application_headers") or {})
+    first = h.earliest_failure(headers)
+    if first is not None:  # what the retention guard dates it by, after any replay
+        headers[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
+    if not keep_tries:
+        for name in FAILURE_HEADERS:
+            headers.pop(name, None)
+    headers[REPLAYS] = letter.replays + 1
+    headers[REPLAYED_AT] = h.now_utc()
+    copied["application_headers"] = headers
+    copied["delivery_mode"] = 2  # persistent, as the worker's copies
+    return copied

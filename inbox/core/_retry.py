@@ -1,0 +1,121 @@
+"""Re-running work the database aborted for reasons of timing: which errors those are, how
+long to wait, and the one retry loop every caller shares.
+
+The decisions (:func:`is_transient`, :meth:`Backoff.delay_after`) do no I/O, so a blocking
+caller and an async one make them the same way; only the waiting differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from sqlalchemy.exc import DBAPIError
+
+__all__ = ["Backoff", "is_transient", "log_retry", "run_with_retries"]
+
+logger = logging.getLogger("inbox.core._inbox")
+
+# SQLSTATEs: serialization_failure, deadlock_detected (PostgreSQL), lock_not_available.
+_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03"})
+# MySQL/MariaDB error numbers: record changed since last read (MariaDB snapshot isolation),
+# lock wait timeout, deadlock.
+_MYSQL_TRANSIENT: Final = frozenset({1020, 1205, 1213})
+# SQLite result codes: SQLITE_BUSY, SQLITE_LOCKED.
+_SQLITE_TRANSIENT: Final = frozenset({5, 6})
+_CHAIN_LIMIT: Final = 8
+
+R = TypeVar("R")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if ``exc`` (or an exception it was raised from) is a transient database error.
+
+    Transient means the transaction was aborted by the database for reasons of timing, not
+    content: a deadlock, a serialization failure, a lock timeout, a busy SQLite file, or a
+    lost connection. Re-running the transaction is safe here even after a lost COMMIT: if
+    the commit did land, the claim is found and the re-run is a duplicate.
+    """
+    seen: BaseException | None = exc
+    for _ in range(_CHAIN_LIMIT):
+        if seen is None:
+            return False
+        if isinstance(seen, DBAPIError) and _is_transient_dbapi_error(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_transient_dbapi_error(exc: DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    # PyMySQL sets a SQLSTATE too (often the generic HY000), so a non-matching SQLSTATE does
+    # not end the search: the MySQL error number below may still say "lock wait timeout".
+    if getattr(orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+        return True
+    sqlite_code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        return sqlite_code & 0xFF in _SQLITE_TRANSIENT
+    args: tuple[object, ...] = getattr(orig, "args", ())
+    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """When to re-run: at most ``retries`` times, for errors ``retryable`` accepts, after an
+    exponential delay (``base_delay * 2**n`` before the n-th re-run, jittered by 0.5..1.5)."""
+
+    retries: int
+    base_delay: float = 0.005
+    retryable: Callable[[BaseException], bool] = field(default=is_transient)
+
+    def delay_after(self, exc: BaseException, reruns: int) -> float | None:
+        """The delay before re-running after ``exc``, when ``reruns`` re-runs were already
+        made; None when the error is final (not retryable, or the retries are spent)."""
+        if reruns >= self.retries or not self.retryable(exc):
+            return None
+        return float(self.base_delay * 2 ** (reruns + 1) * random.uniform(0.5, 1.5))
+
+
+def run_with_retries(
+    work: Callable[[], R],
+    backoff: Backoff,
+    what: Callable[[], str],
+    failure: Exception | None = None,
+) -> R:
+    """Call ``work`` until it returns, re-running it after the errors ``backoff`` retries;
+    the last error propagates. ``what`` names the work in the log line of each retry;
+    ``failure`` is the error of a first attempt the caller already made."""
+    reruns = 0
+    while True:
+        if failure is not None:
+            delay = backoff.delay_after(failure, reruns)
+            if delay is None:
+                raise failure
+            reruns += 1
+            log_retry(what, failure, reruns, backoff, delay)
+            time.sleep(delay)
+            failure = None
+        try:
+            return work()
+        except Exception as exc:
+            failure = exc
+
+
+def log_retry(
+    what: Callable[[], str], exc: BaseException, reruns: int, backoff: Backoff, delay: float
+) -> None:
+    """Log the ``reruns``-th re-run of the work ``what`` names, due in ``delay`` seconds."""
+    logger.info(
+        "%s: transient database error (%s), retry %d/%d in %.3f s",
+        what(),
+        type(exc).__name__,
+        reruns,
+        backoff.retries,
+        delay,
+    )

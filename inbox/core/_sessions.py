@@ -1,0 +1,114 @@
+"""Sessions the inbox cannot own are refused before anything is written: at ``Inbox()``
+when the factory can be tried without connecting, and again as each transaction begins."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Dialect, Engine
+from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
+
+from inbox.core._backends._claims import check_supported
+from inbox.errors import SessionConfigurationError
+
+__all__ = [
+    "autocommits",
+    "check_session_factory",
+    "refuse_autocommit",
+    "refuse_busy_session",
+    "refuse_shared_transaction",
+]
+
+
+def refuse_busy_session(session: Session) -> None:
+    """Refuse a session already in a transaction: its pending work is not ours to commit or
+    roll back, so this is checked before the inbox touches the session at all."""
+    if not isinstance(session, Session):
+        raise SessionConfigurationError(
+            f"session_factory must return a sqlalchemy.orm.Session, got {type(session).__name__}"
+        )
+    if session.in_transaction():
+        raise SessionConfigurationError(
+            "session_factory returned a session that is already in a transaction; the inbox "
+            "needs a fresh session per handler (e.g. sessionmaker(engine))"
+        )
+
+
+def check_session_factory(
+    session_factory: Callable[[], Session],
+    claim_statement: ClauseElement,
+    *,
+    asynchronous: bool = False,
+) -> None:
+    """Refuse, when the inbox is made, a session factory it could never use: sessions that
+    come already in a transaction or bound to an outer Connection, and a database dialect or
+    driver the inbox is not tested on. Nothing connects to the database here.
+
+    A factory not bound yet (``sessionmaker()`` configured later) passes; the same checks
+    then run on the first message, raising the same errors.
+    """
+    session = session_factory()
+    if not isinstance(session, Session):
+        return  # a stand-in for now; refuse_busy_session() refuses it if it is ever used
+    refuse_busy_session(session)  # before the try: a busy session is not ours to close
+    try:
+        try:
+            bind = session.get_bind(clause=claim_statement)
+        except UnboundExecutionError:
+            return
+        refuse_shared_transaction(session, bind)
+        check_supported(bind.dialect)
+        _refuse_other_flavour(bind.dialect, asynchronous=asynchronous)
+    finally:
+        type(session).close(session)
+
+
+def _refuse_other_flavour(dialect: Dialect, *, asynchronous: bool) -> None:
+    # (The other way round SQLAlchemy refuses already: an AsyncSession takes no blocking
+    # engine.) A blocking Session on an asyncio engine would fail on its first statement.
+    if dialect.is_async and not asynchronous:
+        raise SessionConfigurationError(
+            f"the {dialect.name}+{dialect.driver} engine is an asyncio engine: use "
+            "inbox.aio.AsyncInbox with an async_sessionmaker, or a blocking driver"
+        )
+
+
+def refuse_shared_transaction(session: Session, bind: Engine | Connection) -> None:
+    """Refuse a session that joins a transaction of an outer ``Connection``: the inbox's
+    rollback of a duplicate would roll that back too."""
+    if isinstance(bind, Connection) and session.join_transaction_mode != "create_savepoint":
+        raise SessionConfigurationError(
+            "the session is bound to a Connection: the inbox must own the transaction. Bind "
+            "the sessionmaker to an Engine, or use join_transaction_mode='create_savepoint'"
+        )
+
+
+def refuse_autocommit(connection: Connection) -> None:
+    """Refuse a connection in autocommit mode: the claim would commit on its own, so a
+    failing handler would leave it behind and its message would never run again."""
+    if autocommits(connection):
+        raise SessionConfigurationError(
+            "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
+            "the handler's writes. Use an engine without isolation_level='AUTOCOMMIT'"
+        )
+
+
+def autocommits(connection: Connection) -> bool:
+    """Whether the driver connection commits every statement itself (read client-side)."""
+    if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    driver: Any = connection.connection.dbapi_connection
+    if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
+        return True
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
+        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
+        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
+    if dialect in ("mysql", "mariadb"):
+        get_autocommit = getattr(driver, "get_autocommit", None)
+        return bool(get_autocommit()) if callable(get_autocommit) else False
+    return False

@@ -1,0 +1,164 @@
+"""A message's handler runs settled into its result, written once for the blocking and the
+async inbox: :func:`settle` is a generator of the steps to take (run a handler's
+transaction, wait before a retry), sent each step's outcome; the inboxes only carry the steps
+out, one blocking, one awaiting (the way a sans-I/O protocol is shared by its callers).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Generator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from inbox._oneline import describe_error
+from inbox.core._handlers import RegisteredHandler
+from inbox.core._retry import Backoff, log_retry
+from inbox.core._routing import CONFIGURATION_ERRORS, Planned, describe
+from inbox.errors import HandlerFailed
+from inbox.message import Message
+from inbox.result import Outcome, ProcessResult
+from inbox.telemetry._core import MessageWatch, watch
+
+__all__ = ["Failed", "Pause", "Run", "Settlement", "Steps", "advance", "settle"]
+
+logger = logging.getLogger("inbox.core._inbox")
+
+_UNWATCHED: AbstractContextManager[None] = nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Step: run ``handler``'s transaction on ``message`` under ``key`` once; send back its
+    :class:`~inbox.Outcome`, or a :class:`Failed` with the error it raised."""
+
+    handler: RegisteredHandler
+    key: bytes
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Step: wait ``seconds`` before the next attempt; send back None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """What a step that raised sends back: the error, raised no further by the caller (so
+    that nothing the caller does next chains to it). An exit exception (``KeyboardInterrupt``,
+    a cancellation) is raised again by :func:`settle`, where the handler's span sees it."""
+
+    error: BaseException
+
+
+Steps: TypeAlias = Generator[Run | Pause, "Outcome | Failed | None", ProcessResult]
+
+
+def settle(planned: Planned, backoff: Backoff) -> Steps:
+    """The steps that settle ``planned``: each handler's transaction, re-run after transient
+    errors as ``backoff`` allows; returns the result (or raises
+    :class:`~inbox.HandlerFailed`, or a configuration error as itself)."""
+    message = planned.message
+    settlement = Settlement(message)
+    watch = settlement.watch
+    for handler, key in zip(planned.handlers, planned.keys, strict=True):
+        running = _UNWATCHED if watch is None else watch.running(handler.name)
+        with running:
+            reruns = 0
+            while True:
+                done = yield Run(handler, key, message)
+                if not isinstance(done, Failed):
+                    settlement.done(handler.name, done)  # type: ignore[arg-type]
+                    break
+                error = done.error
+                if isinstance(error, CONFIGURATION_ERRORS) or not isinstance(error, Exception):
+                    raise error
+                delay = backoff.delay_after(error, reruns)
+                if delay is None:
+                    settlement.failed(handler.name, error)
+                    break
+                reruns += 1
+                what = functools.partial(describe, handler, message)
+                log_retry(what, error, reruns, backoff, delay)
+                yield Pause(delay)
+    return settlement.result()
+
+
+def advance(steps: Steps, reply: Outcome | Failed | None) -> Run | Pause | ProcessResult:
+    """Send ``reply`` (None to start) to ``steps``: the next step, or the result."""
+    try:
+        return steps.send(reply)
+    except StopIteration as finished:
+        result: ProcessResult = finished.value
+        return result
+
+
+@dataclass(slots=True)
+class Settlement:
+    """The outcomes of one message's handlers as they come in, then its result."""
+
+    message: Message
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    failures: dict[str, Exception] = field(default_factory=dict)
+    watch: MessageWatch | None = field(init=False, repr=False, compare=False)
+    """The message's telemetry (None without OpenTelemetry): with tracing, its
+    ``running(handler)`` makes the handler's span current around its run, retries included."""
+
+    def __post_init__(self) -> None:
+        self.watch = watch(self.message)
+
+    def running(self, handler: str) -> AbstractContextManager[None]:
+        """Around ``handler``'s run, retries included: with tracing, its span is the
+        current one (see :meth:`inbox.telemetry._core.MessageWatch.running`)."""
+        if self.watch is None:
+            return _UNWATCHED
+        return self.watch.running(handler)
+
+    def done(self, handler: str, outcome: Outcome) -> None:
+        """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
+        self.outcomes[handler] = outcome
+        if self.watch is not None:
+            self.watch.done(handler, outcome)
+        if outcome is Outcome.DUPLICATE:
+            logger.info(
+                "duplicate skipped: message %s (type %r) already processed by %s",
+                self.message.id,
+                self.message.type,
+                handler,
+            )
+        else:
+            logger.debug(
+                "message %s (type %r) processed by %s", self.message.id, self.message.type, handler
+            )
+
+    def failed(self, handler: str, error: Exception) -> None:
+        """Record a handler whose transaction was rolled back."""
+        self.failures[handler] = error
+        if self.watch is not None:
+            self.watch.failed(handler, error)
+        # One line per failure; the traceback only at DEBUG (the caller also gets the
+        # error in HandlerFailed, and a worker logs its decision: retry or dead letter).
+        logger.warning(
+            "handler %s failed on message %s (type %r), rolled back: %s",
+            handler,
+            self.message.id,
+            self.message.type,
+            describe_error(error),
+            exc_info=error if logger.isEnabledFor(logging.DEBUG) else None,
+            extra={"inbox_error": error},  # for log filters: the error itself
+        )
+
+    def result(self) -> ProcessResult:
+        """The result, or :class:`~inbox.HandlerFailed` (chained from the first failure)
+        when a handler failed: the others' outcomes are in its ``result``."""
+        result = ProcessResult(self.message.id, dict(self.outcomes))
+        if self.watch is not None:
+            self.watch.settled(self.outcomes, self.failures)
+        if self.failures:
+            first = next(iter(self.failures.values()))
+            raise HandlerFailed(self.message.id, self.failures, result) from first
+        return result

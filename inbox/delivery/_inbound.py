@@ -1,0 +1,175 @@
+"""A delivery becomes an :class:`inbox.Message`, or the reason it must be dead-lettered.
+
+The written policy for what cannot be a message (retrying cannot help any of these):
+properties that do not decode, no ``message_id``, an id that is not a UUID, a body that does
+not decompress or decode under its content type, a body that decompresses past
+:data:`MAX_BODY_BYTES`, a malformed header.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import uuid
+import zlib
+from collections.abc import Mapping
+from typing import Any, Final, Protocol
+
+from kombu.message import Message as Delivery
+
+from inbox.broker._frames import DEFERRED_COMPRESSION, UNREADABLE
+from inbox.delivery._policy import DeadLetter, DeadLetterReason
+from inbox.delivery.codec import UndecodableBody, decode_body
+from inbox.errors import InvalidMessage
+from inbox.message import Message, parse_message_id
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "body_bytes",
+    "read_delivery",
+    "read_id",
+    "read_message",
+    "sent_headers",
+]
+
+MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+"""The most a compressed body may decompress to; a larger one is dead-lettered as it came."""
+_CHUNK: Final = 1024 * 1024
+
+
+class _Decompressor(Protocol):
+    def decompress(self, data: bytes, max_length: int = ..., /) -> bytes: ...
+
+    @property
+    def eof(self) -> bool: ...
+
+
+class _TooLarge(ValueError):
+    pass
+
+
+def _decompressor(name: str) -> _Decompressor | None:
+    # The names kombu's compression registry gives zlib, bz2 and lzma, with its aliases.
+    if name in ("application/x-gzip", "zlib", "gzip"):
+        return zlib.decompressobj()
+    if name in ("application/x-bz2", "bzip2", "bz2"):
+        return bz2.BZ2Decompressor()
+    if name in ("application/x-lzma", "lzma", "xz"):
+        return lzma.LZMADecompressor()
+    return None
+
+
+def decompress(data: bytes, compression: str, limit: int = MAX_BODY_BYTES) -> bytes:
+    """``data`` decompressed, never holding more than ``limit`` bytes of output.
+
+    Raises ``_TooLarge`` past the limit, ``ValueError`` for an unknown method or bad data.
+    """
+    decompressor = _decompressor(compression)
+    if decompressor is None:
+        raise ValueError(f"unsupported compression {compression!r} (zlib, bz2, lzma)")
+    out = bytearray()
+    pending = data
+    try:
+        while True:
+            chunk = decompressor.decompress(pending, _CHUNK)
+            out += chunk
+            if len(out) > limit:
+                raise _TooLarge(f"body decompresses to more than {limit} bytes")
+            pending = getattr(decompressor, "unconsumed_tail", b"")
+            if decompressor.eof or (not chunk and not pending):
+                break
+    except (zlib.error, OSError, lzma.LZMAError, EOFError) as exc:
+        raise ValueError(f"cannot decompress ({compression!r}): {exc}") from exc
+    if not decompressor.eof:
+        raise ValueError(f"cannot decompress ({compression!r}): the stream is truncated")
+    return bytes(out)
+
+
+def body_bytes(delivery: Delivery) -> bytes:
+    """The body as it came off the wire (compressed, when it was sent compressed)."""
+    body = delivery.body
+    if isinstance(body, str):  # py-amqp decodes bodies whose content_encoding names a codec
+        return body.encode(delivery.content_encoding or "utf-8")
+    return bytes(body)
+
+
+def sent_headers(delivery: Delivery) -> dict[str, Any]:
+    """The headers as the producer sent them (a deferred ``compression`` header put back)."""
+    headers = dict(delivery.headers or {})
+    compression = (delivery.properties or {}).get(DEFERRED_COMPRESSION)
+    if compression is not None:
+        headers["compression"] = compression
+    return headers
+
+
+def read_delivery(
+    delivery: Delivery, decode_error: BaseException | None, default_content_type: str | None
+) -> Message | DeadLetter:
+    """The delivery as a :class:`Message`, or the :class:`DeadLetter` it calls for.
+
+    ``decode_error`` is the error kombu met decompressing the body itself (on transports
+    whose frames the worker does not read).
+    """
+    properties: Mapping[str, Any] = delivery.properties or {}
+    if UNREADABLE in properties:
+        detail = f"the delivery's properties do not decode: {properties[UNREADABLE]}"
+        return DeadLetter(DeadLetterReason.UNREADABLE_PROPERTIES, detail)
+    message_id = read_id(properties.get("message_id"))
+    if isinstance(message_id, DeadLetter):
+        return message_id
+    headers = sent_headers(delivery)
+    if decode_error is not None:
+        detail = f"cannot decompress ({headers.get('compression')!r}): {decode_error}"
+        return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, detail)
+    compression = properties.get(DEFERRED_COMPRESSION)
+    return read_message(
+        message_id,
+        properties.get("type"),
+        headers,
+        body_bytes(delivery),
+        content_type=delivery.content_type,
+        content_encoding=delivery.content_encoding,
+        compression=None if compression is None else str(compression),
+        default_content_type=default_content_type,
+    )
+
+
+def read_id(raw_id: object) -> uuid.UUID | DeadLetter:
+    """A delivery's ``message_id`` as a UUID, or the :class:`DeadLetter` it calls for."""
+    if raw_id is None or raw_id == "":
+        return DeadLetter(DeadLetterReason.MISSING_ID, "delivery has no message_id property")
+    try:
+        return parse_message_id(raw_id)
+    except InvalidMessage as exc:
+        return DeadLetter(DeadLetterReason.INVALID_ID, str(exc))
+
+
+def read_message(
+    message_id: uuid.UUID,
+    message_type: Any,
+    headers: Mapping[str, Any],
+    data: bytes,
+    *,
+    content_type: str | None,
+    content_encoding: str | None,
+    compression: str | None,
+    default_content_type: str | None,
+) -> Message | DeadLetter:
+    """A delivery's parts, its id already parsed, as a :class:`Message` or the
+    :class:`DeadLetter` they call for: the body decompressed (``compression``), decoded under
+    its content type, and the message built. Shared by every broker edge."""
+    if compression is not None:
+        try:
+            data = decompress(data, compression)
+        except _TooLarge as exc:
+            return DeadLetter(DeadLetterReason.BODY_TOO_LARGE, str(exc))
+        except ValueError as exc:
+            return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, str(exc))
+    try:
+        body = decode_body(data, content_type, content_encoding, default_content_type)
+    except UndecodableBody as exc:
+        return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, str(exc))
+    try:
+        return Message(id=message_id, type=message_type, body=body, headers=headers)
+    except (InvalidMessage, TypeError, ValueError) as exc:
+        return DeadLetter(DeadLetterReason.INVALID_MESSAGE, str(exc))

@@ -1,0 +1,100 @@
+"""The headers the worker writes on retried and dead-lettered deliveries.
+
+Every header keeps the delivery's own headers and adds these (``x-inbox-`` prefix), so a
+dead letter says why it is there and can be re-published as it is once the cause is fixed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from inbox._oneline import bounded, describe_error
+
+TRIES: Final = "x-inbox-tries"
+"""Attempts that failed so far (an int); absent on a delivery that never failed."""
+FIRST_FAILURE: Final = "x-inbox-first-failure"
+"""UTC time of the first failed attempt, ISO 8601."""
+LAST_FAILURE: Final = "x-inbox-last-failure"
+"""UTC time of the latest failed attempt, ISO 8601."""
+ERROR: Final = "x-inbox-error"
+"""The latest failure: exception type and the first line of its message, one line of at most
+1,000 characters; never SQL text or bound parameters."""
+FAILED_HANDLERS: Final = "x-inbox-failed-handlers"
+"""Names of the handlers that failed on the latest attempt, comma-separated."""
+REASON: Final = "x-inbox-reason"
+"""On a dead letter: why it was dead-lettered (an :class:`inbox.broker.DeadLetterReason`)."""
+SOURCE_QUEUE: Final = "x-inbox-queue"
+"""On a dead letter: the queue it was consumed from."""
+DEAD_LETTERED_AT: Final = "x-inbox-dead-lettered-at"
+"""On a dead letter: UTC time it was dead-lettered, ISO 8601."""
+ORIGINAL_FIRST_FAILURE: Final = "x-inbox-original-first-failure"
+"""On a replayed message: UTC time of the first failure of its first delivery, ISO 8601.
+A replay removes the failure headers (the tries start again) but writes this one, the
+earliest time it knows, and nothing removes it: the retention guard dates a dead letter by
+it however often it was replayed (:mod:`inbox.admin._dead_letter_age`)."""
+
+_MAX_ERROR_CHARS: Final = 1000
+_MAX_TRIES_HEADER: Final = 2**31 - 1  # a signed 32-bit AMQP field: room to add one
+
+
+def now_utc() -> str:
+    """The current UTC time as ISO 8601, the format of every time header."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def tries_so_far(headers: Mapping[str, Any]) -> int:
+    """The failed attempts recorded on a delivery (0 when the header is absent or garbled)."""
+    value = headers.get(TRIES)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_TRIES_HEADER:
+        return 0  # absent, or not written by a worker: count from here
+    return value
+
+
+def failure_headers(
+    headers: Mapping[str, Any], tries: int, error: str, failed_handlers: Iterable[str]
+) -> dict[str, Any]:
+    """The bookkeeping headers after failed attempt number ``tries``."""
+    now = now_utc()
+    first = headers.get(FIRST_FAILURE)
+    return {
+        TRIES: tries,
+        FIRST_FAILURE: first if isinstance(first, str) and tries > 1 else now,
+        LAST_FAILURE: now,
+        ERROR: truncate(error),
+        FAILED_HANDLERS: ",".join(failed_handlers),
+    }
+
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionType: first line of the message``, the form every error header uses: one
+    line, and for a database error the driver's message without SQL or bound parameters."""
+    return describe_error(exc)
+
+
+def truncate(text: str) -> str:
+    """``text`` on one line, cut to the length a header carries, marking the cut."""
+    return bounded(text, _MAX_ERROR_CHARS)
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    """A time header's value as an aware datetime (UTC when it names no zone), or None when
+    it is absent or not a time."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
+
+
+def earliest_failure(headers: Mapping[str, Any]) -> dt.datetime | None:
+    """The earliest failure the headers of a dead letter (or a replayed copy) record: the
+    first failure of its first delivery, else of this one, else when it was dead-lettered."""
+    times = [parse_time(headers.get(n)) for n in (ORIGINAL_FIRST_FAILURE, FIRST_FAILURE)]
+    times.append(parse_time(headers.get(DEAD_LETTERED_AT)))
+    return min((t for t in times if t is not None), default=None)

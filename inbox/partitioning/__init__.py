@@ -1,0 +1,49 @@
+"""Optional PostgreSQL partitioning of the inbox table by message id, so that retention drops
+whole partitions instead of deleting rows (docs/operations.md tells the whole story).
+
+Partitioned by ``RANGE (message_id)``, not by ``processed_at``: every unique constraint of a
+partitioned table must contain the partition key, so a key always maps to one partition and
+the primary key stays the duplicate guard for the whole table. UUIDv7 ids start with their
+millisecond timestamp, so a range of ids is a range of time. The layout of a table ``T``:
+``T_before`` (DEFAULT: older ids and the ranges of dropped days), ``T_pYYYYMMDD`` (one per
+day), ``T_future`` (up to :data:`KEYS_BOUND`, in 2074) and ``T_keys`` (above it: most
+business keys). Maintenance is :func:`ensure_partitions` and :func:`inbox.cleanup`;
+``inbox-cleanup`` runs both.
+
+The names are published here; the code is in the modules of this package.
+"""
+
+from inbox.partitioning._autogenerate import skip_partitions
+from inbox.partitioning._catalog import is_partitioned, list_partitions
+from inbox.partitioning._create import create_partitioned_table, ensure_partitions
+from inbox.partitioning._drop import DroppedPartitions, drop_detached_leftovers, drop_partitions
+from inbox.partitioning._ids import KEYS_BOUND, id_floor
+from inbox.partitioning._layout import (
+    DEFAULT_DAYS_AHEAD,
+    DEFAULT_HOLD_SECONDS,
+    DEFAULT_LOCK_TIMEOUT,
+    MAX_TABLE_NAME_LENGTH,
+    Partition,
+    PartitionLayoutError,
+    partition_table,
+)
+
+__all__ = [
+    "DEFAULT_DAYS_AHEAD",
+    "DEFAULT_HOLD_SECONDS",
+    "DEFAULT_LOCK_TIMEOUT",
+    "KEYS_BOUND",
+    "MAX_TABLE_NAME_LENGTH",
+    "DroppedPartitions",
+    "Partition",
+    "PartitionLayoutError",
+    "create_partitioned_table",
+    "drop_detached_leftovers",
+    "drop_partitions",
+    "ensure_partitions",
+    "id_floor",
+    "is_partitioned",
+    "list_partitions",
+    "partition_table",
+    "skip_partitions",
+]

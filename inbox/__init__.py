@@ -5,11 +5,9 @@ Register handlers with ``@inbox.handler``, then call ``inbox.process(message)`` 
 delivery: each (message, handler) pair commits its database effects once and only once.
 """
 
-from typing import TYPE_CHECKING
-
 from inbox.core import Inbox
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler
-from inbox.effects._ledger import EffectMode
+from inbox.core.effects._ledger import EffectMode
 from inbox.errors import (
     ClaimCommittedEarly,
     EffectError,
@@ -19,6 +17,7 @@ from inbox.errors import (
     InvalidBody,
     InvalidKey,
     InvalidMessage,
+    PublishError,
     RegistrationError,
     SessionConfigurationError,
     TransactionControlError,
@@ -63,15 +62,3 @@ __all__ = [
     "cleanup",
     "uuid7",
 ]
-
-if TYPE_CHECKING:
-    from inbox.broker.errors import PublishError
-
-
-def __getattr__(name: str) -> object:
-    # The broker edge's error, loaded on first use so that ``import inbox`` needs no kombu.
-    if name == "PublishError":
-        from inbox.broker.errors import PublishError
-
-        return PublishError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

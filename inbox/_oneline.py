@@ -11,9 +11,10 @@ import re
 from collections.abc import Iterator
 from typing import Final
 
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import StatementError
 
-__all__ = ["MAX_LINE", "bounded", "describe_error"]
+__all__ = ["MAX_LINE", "SECRET_QUERY_WORDS", "bounded", "database_error_line", "describe_error"]
 
 MAX_LINE: Final = 500
 """The default bound, in characters, of a described error."""
@@ -97,3 +98,28 @@ def _string_values(params: object, depth: int = 0) -> Iterator[str]:
         elif value is not None and not isinstance(value, bool):
             seen += 1
             yield str(value)
+
+
+SECRET_QUERY_WORDS: Final = ("password", "passwd", "pwd", "secret", "token", "key")
+"""A URL query parameter whose name holds one of these carries a secret: never printed."""
+
+
+def database_error_line(exc: BaseException, url: URL) -> str:
+    """The first line of a database error and the database it came from, with every secret
+    of the URL masked wherever it appears."""
+    orig = getattr(exc, "orig", None)  # the driver's error, without SQLAlchemy's SQL dump
+    lines = str(orig if orig is not None else exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    secrets = [str(url.password)] if url.password else []
+    if url.host and "@" in url.host:  # the tail of a password with an unescaped '@'
+        secrets.extend(part for part in url.host.split("@")[:-1] if part)
+    query = dict(url.query)
+    for name, value in url.query.items():
+        if any(word in name.lower() for word in SECRET_QUERY_WORDS):
+            values = [value] if isinstance(value, str) else list(value)
+            secrets.extend(v for v in values if v)
+            query[name] = "***"
+    line = f"{message} (database {url.set(query=query).render_as_string(hide_password=True)})"
+    for secret in sorted(secrets, key=len, reverse=True):
+        line = line.replace(secret, "***")
+    return line.replace("%2A%2A%2A", "***")

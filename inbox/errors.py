@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inbox.broker.errors import PublishError as PublishError  # noqa: PLC0414 - re-export
     from inbox.result import ProcessResult
 
 
@@ -134,16 +133,6 @@ class UncertainEffect(InboxError):
         self.attempts = attempts
 
 
-def __getattr__(name: str) -> object:
-    # PublishError belongs to the broker edge; it is still importable from here (where it was
-    # first published) without importing kombu until someone asks for it.
-    if name == "PublishError":
-        from inbox.broker.errors import PublishError
-
-        return PublishError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class HandlerInterrupted(InboxError):
     """A handler raised a :class:`BaseException` that is not an :class:`Exception`
     (``asyncio.CancelledError``, a gevent or eventlet timeout, ...). Its transaction was
@@ -172,3 +161,8 @@ class ClaimCommittedEarly(TransactionControlError):
         )
         self.handler = handler
         self.message_id = message_id
+
+
+class PublishError(InboxError):
+    """The broker did not take a published message: unroutable (no queue bound for it) or
+    nacked. The message was not delivered; publishing it again is safe."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from sqlalchemy.orm import Session
 
+from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware, DeliveryHook, Middleware
 from inbox.core._run import CURRENT_RUN
 from inbox.message import Message
 from inbox.result import ProcessResult
@@ -45,22 +46,6 @@ __all__ = [
     "current_handler",
     "log_context",
 ]
-
-Middleware: TypeAlias = Callable[[Message, Session, Callable[[Message], object]], object]
-"""A blocking middleware: ``(message, session, call_next) -> what call_next returned``."""
-
-AsyncMiddleware: TypeAlias = (
-    "Callable[[Message, AsyncSession, Callable[[Message], Awaitable[object]]], Awaitable[object]]"
-)
-"""An async middleware: ``async (message, session, call_next)``, awaiting ``call_next``."""
-
-DeliveryHook: TypeAlias = Callable[[Message, Callable[[Message], ProcessResult]], ProcessResult]
-"""A blocking delivery hook: ``(message, call_next) -> ProcessResult``, before any claim."""
-
-AsyncDeliveryHook: TypeAlias = Callable[
-    [Message, Callable[[Message], Awaitable[ProcessResult]]], Awaitable[ProcessResult]
-]
-"""An async delivery hook: ``async (message, call_next) -> ProcessResult``."""
 
 TimingReport: TypeAlias = Callable[[str, Message, float, BaseException | None], None]
 """What :class:`Timing` calls after each handler: (handler name, message, seconds, the

@@ -45,9 +45,10 @@ from support.worker import (
 )
 
 from inbox import Inbox, Message
+from inbox._amqp.connections import BROKER_URL_ENV
 from inbox.broker import Publisher, RetryPolicy, Worker
 from inbox.broker import cli as worker_cli
-from inbox.broker.cli import BROKER_URL_ENV, worker_main
+from inbox.broker.cli import worker_main
 from inbox.delivery import headers as h
 
 HANDLER = "ops.apply"

@@ -137,14 +137,3 @@ def test_dead_letter_reasons_are_the_documented_header_values() -> None:
         "uncertain-effect",
         "copy-too-large",
     }
-
-
-def test_invalid_reason_is_a_deprecated_alias_of_dead_letter_reason() -> None:
-    import inbox.broker
-
-    with pytest.deprecated_call():
-        alias = inbox.broker.InvalidReason  # type: ignore[attr-defined]
-    assert alias is DeadLetterReason
-    with pytest.deprecated_call():
-        from inbox.delivery.codec import InvalidReason  # type: ignore[attr-defined]
-    assert InvalidReason is DeadLetterReason

@@ -25,19 +25,23 @@ from kombu.message import Message as KombuMessage
 
 import inbox
 from inbox import Message
+from inbox._amqp.frames import tolerant_frame_handler
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
+from inbox.broker._declare import kombu_queue
 from inbox.broker._forwarder import Forwarder
-from inbox.broker._frames import (
+from inbox.delivery import headers as h
+from inbox.delivery._inbound import (
     DEFERRED_COMPRESSION,
+    MAX_BODY_BYTES,
     RAW_PROPERTIES,
     UNREADABLE,
-    tolerant_frame_handler,
+    decompress,
+    read_delivery,
 )
-from inbox.delivery import headers as h
-from inbox.delivery._inbound import MAX_BODY_BYTES, decompress, read_delivery
 from inbox.delivery._policy import DeadLetter
 from inbox.delivery._stats import WorkerStats
-from inbox.delivery.codec import UndecodableBody, decode_body, encode_body
+from inbox.delivery.codec import UndecodableBody, decode_body
+from inbox.outbox._arguments import encode_body
 
 JSON = "application/json"
 ID = uuid.UUID("01890a5d-ac96-774b-bcce-b302099a8057")
@@ -136,7 +140,7 @@ def test_retry_policy_refuses_nonsense(
 
 def test_topology_names_and_arguments() -> None:
     topology = QueueTopology("orders", QueueType.QUORUM, RetryPolicy((1, 5), max_tries=4))
-    queues = {q.name: q.queue_arguments for q in topology.queues()}
+    queues = {q.name: dict(q.arguments) for q in topology.queues()}
     assert list(queues) == ["orders", "orders.retry.1000ms", "orders.retry.5000ms", "orders.dlq"]
     # What RabbitMQ drops from the consumed quorum queue (past a delivery limit) is
     # dead-lettered to orders.dlq, not lost.
@@ -153,9 +157,10 @@ def test_topology_names_and_arguments() -> None:
         "x-dead-letter-strategy": "at-least-once",
         "x-overflow": "reject-publish",
     }
-    assert all(q.durable and not q.auto_delete for q in topology.queues())
+    kombu = [kombu_queue(q) for q in topology.queues()]
+    assert all(q.durable and not q.auto_delete for q in kombu)
     classic = QueueTopology("orders")
-    assert {q.name: q.queue_arguments for q in classic.queues()}["orders"] is None
+    assert {q.name: kombu_queue(q).queue_arguments for q in classic.queues()}["orders"] is None
 
 
 @pytest.mark.parametrize("name", ["", " orders", "amq.orders", "x" * 250])
@@ -182,7 +187,7 @@ def test_import_inbox_loads_no_kombu_and_publish_error_still_imports_from_the_co
         "assert 'kombu' not in sys.modules, 'import inbox loaded kombu'\n"
         "from inbox import PublishError\n"
         "from inbox.errors import PublishError as Same\n"
-        "from inbox.broker.errors import PublishError as Edge\n"
+        "from inbox.broker import PublishError as Edge\n"
         "assert PublishError is Same is Edge and issubclass(Edge, inbox.InboxError)\n"
         "print('ok')\n"
     )

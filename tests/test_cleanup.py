@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, insert, select
 from support.databases import POSTGRES_URL, Database
 
 from inbox import cleanup
-from inbox.cli import cleanup_main
+from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_message, metadata
 
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

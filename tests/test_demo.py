@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ from sqlalchemy import (
 from support.databases import Database
 from support.rabbit import Rabbit
 
-from inbox.demo import run_demo
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+run_demo = runpy.run_path(str(EXAMPLE))["run_demo"]
 
 
 def test_demo_command_runs_on_the_embedded_default_and_reports_exactly_once() -> None:

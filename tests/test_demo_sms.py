@@ -3,11 +3,13 @@ through failures after sending, redeliveries, re-sends and two crashed processes
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
-from inbox.demo_sms import run_demo
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "demo_sms.py"
+run_demo = runpy.run_path(str(EXAMPLE))["run_demo"]
 
 
 def test_demo_sms_command_reports_every_sms_once() -> None:

@@ -13,8 +13,8 @@ from support.databases import Database
 
 from inbox import HandlerFailed, ProcessResult, UncertainEffect
 from inbox.broker import RetryPolicy
+from inbox.core.effects._ledger import Call, EffectMode, EffectRef, Ledger, Stored, effect_key
 from inbox.delivery._policy import DeadLetter, DeadLetterReason, decide
-from inbox.effects._ledger import Call, EffectMode, EffectRef, Ledger, Stored, effect_key
 from inbox.schema import inbox_effect
 
 LEAST, MOST = EffectMode.AT_LEAST_ONCE, EffectMode.AT_MOST_ONCE

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import Pool
 
-from inbox.cli import cleanup_main
+from inbox.retention.cli import cleanup_main
 
 SECRET = "s3cr3t-pw"
 URL_WITH_PASSWORD = f"postgresql+psycopg://app:{SECRET}@127.0.0.1:1/app"

@@ -31,7 +31,6 @@ from support.databases import Database, effects
 from support.effects import Recorder
 
 from inbox import CleanupReport, Inbox, Message, Outcome, cleanup
-from inbox.cli import cleanup_main
 from inbox.errors import UnsupportedDialect
 from inbox.message import key_bytes
 from inbox.partitioning import (
@@ -46,6 +45,7 @@ from inbox.partitioning import (
     list_partitions,
     skip_partitions,
 )
+from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_message, metadata
 
 ROOT = Path(__file__).resolve().parent.parent

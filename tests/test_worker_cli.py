@@ -18,8 +18,9 @@ from kombu import Connection
 from kombu import Queue as KombuQueue
 from support.rabbit import Rabbit
 
+from inbox._amqp.connections import BROKER_URL_ENV
 from inbox.broker import Publisher
-from inbox.broker.cli import BROKER_URL_ENV, worker_main
+from inbox.broker.cli import worker_main
 
 APP = """
     import sqlalchemy as sa

@@ -10,6 +10,7 @@ import math
 import os
 from typing import Final, TextIO
 
+from inbox._amqp.connections import BROKER_URL_ENV, broker_connection
 from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_USAGE,
@@ -21,8 +22,6 @@ from inbox._cli import (
 )
 from inbox.admin._dead_letter_age import oldest_dead_letter
 from inbox.admin._dead_letters import open_channel
-from inbox.broker.cli import BROKER_URL_ENV
-from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.retention.cli import cleanup_main
 
 __all__ = ["guarded_cleanup", "guarded_days"]

@@ -18,6 +18,7 @@ from typing import Final, TextIO
 from sqlalchemy import URL, Engine, MetaData, Table, create_engine
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from inbox._amqp.connections import BROKER_URL_ENV, broker_connection
 from inbox._cli import (
     DATABASE_URL_ENV,
     EXIT_DATABASE_ERROR,
@@ -28,7 +29,6 @@ from inbox._cli import (
     UsageParser,
     VersionRequested,
     add_version,
-    database_error_line,
     database_url,
     first_line,
     mask_urls,
@@ -38,12 +38,11 @@ from inbox._cli import (
     usage_line,
     whole_number,
 )
+from inbox._oneline import database_error_line
 from inbox.admin import _claims, _commands
 from inbox.admin._dlq_commands import dead_letter_reason, dlq, duration
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._migrate import migrate
-from inbox.broker.cli import BROKER_URL_ENV
-from inbox.broker.cli import _broker_connection as broker_connection
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,

@@ -13,18 +13,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from inbox.aio._batch import AsyncBatchProcessor
+from inbox.aio._effects import AsyncEffectCall, AsyncEffects
 from inbox.aio._transaction import AsyncHandlerTransaction
-from inbox.core._chain import wrap_delivery
+from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware, wrap_delivery
 from inbox.core._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox.core._registration import InboxBase
 from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
 from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
-from inbox.effects._awaited import AsyncEffectCall, AsyncEffects
-from inbox.effects._ledger import EffectMode
+from inbox.core.effects._ledger import EffectMode
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
-from inbox.middleware import AsyncDeliveryHook, AsyncMiddleware
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 

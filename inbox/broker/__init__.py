@@ -2,13 +2,11 @@
 commit, its retry and dead-letter policy, a publisher that stamps UUIDv7 ids, and the outbox
 relay."""
 
-import warnings
-
-from inbox.broker.errors import PublishError
 from inbox.broker.publisher import Publisher
 from inbox.broker.worker import Worker, WorkerStats, install_signal_handlers
 from inbox.delivery._policy import DeadLetterReason
 from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.errors import PublishError
 from inbox.outbox.relay import OutboxStatus, Relay, RelayStats, outbox_status
 
 __all__ = [
@@ -26,14 +24,3 @@ __all__ = [
     "install_signal_handlers",
     "outbox_status",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "InvalidReason":
-        warnings.warn(
-            "inbox.broker.InvalidReason is deprecated: it is DeadLetterReason now",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return DeadLetterReason
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,10 +24,9 @@ from typing import Any, Final
 
 from kombu.message import Message as Delivery
 
-from inbox.broker._confirms import PERSISTENT, fits_in_frame
-from inbox.broker._frames import RAW_PROPERTIES, UNREADABLE
+from inbox._amqp.confirms import PERSISTENT, fits_in_frame
 from inbox.delivery._copies import trimmed_headers
-from inbox.delivery._inbound import body_bytes, sent_headers
+from inbox.delivery._inbound import RAW_PROPERTIES, UNREADABLE, body_bytes, sent_headers
 from inbox.delivery._policy import DeadLetterReason
 from inbox.delivery._stats import WorkerStats
 

@@ -19,8 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from kombu.connection import Connection
-
+from inbox._amqp.connections import BROKER_URL_ENV, broker_connection, safe_uri
 from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
@@ -29,15 +28,14 @@ from inbox._cli import (
     UsageParser,
     VersionRequested,
     add_version,
-    database_error_line,
     usage_line,
     whole_number,
 )
+from inbox._cli.logs import LOG_FORMATS, configure_logging
+from inbox._cli.signals import install_signal_handlers
+from inbox._oneline import database_error_line
 from inbox.broker._health_cli import add_health_arguments, health_server
-from inbox.broker._logging import LOG_FORMATS, configure_logging
 from inbox.broker._relay_thread import RelayThread, relay_for, running_beside
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.connection import safe_uri
 from inbox.broker.worker import Worker
 from inbox.core import Inbox
 from inbox.core._startup import (
@@ -52,17 +50,14 @@ from inbox.delivery.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, Que
 from inbox.errors import SessionConfigurationError, UnsupportedDialect
 
 __all__ = [
-    "BROKER_URL_ENV",
     "EXIT_BROKER_ERROR",
     "EXIT_CONFIGURATION_ERROR",
     "load_inbox",
     "worker_main",
 ]
 
-BROKER_URL_ENV = "INBOX_BROKER_URL"
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
 EXIT_CONFIGURATION_ERROR = 3
-_configure_logging = configure_logging  # the name inbox.outbox.relay.cli imports
 
 
 def _worker_parser() -> UsageParser:
@@ -212,7 +207,7 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         if not broker:
             raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
         configure_logging(args.log_level, args.tracebacks, err, args.log_format)
-        connection = _broker_connection(broker)
+        connection = broker_connection(broker)
         inbox = load_inbox(args.target)
         content_type = (
             None if args.default_content_type.lower() == "none" else args.default_content_type
@@ -293,23 +288,6 @@ def _schema_error(inbox: Inbox, retries: int) -> str | None:
         except Exception as exc:  # unreachable, refused: one line, never a traceback
             return database_error_line(exc, checked.url)
     return None
-
-
-def _broker_connection(url: str) -> Connection:
-    """Parse the broker URL without ever echoing it: a password with an unescaped ``#`` or
-    ``/`` would otherwise show up in the parser's error."""
-    scheme = url.partition("://")[0] if "://" in url else "?"
-    try:
-        connection = Connection(url)
-        connection.transport_cls  # noqa: B018 - resolves the transport: unknown ones fail here
-        connection.as_uri()
-    except Exception as exc:
-        raise ValueError(
-            f"--broker: not a usable kombu URL (scheme {scheme!r}, {type(exc).__name__}); check "
-            "the transport name, its client library, and percent-encode special characters "
-            "in the user name and password"
-        ) from None
-    return connection
 
 
 def _first_line(exc: BaseException) -> str:

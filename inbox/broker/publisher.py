@@ -23,9 +23,9 @@ from kombu.exceptions import ChannelError as KombuChannelError
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
+from inbox._amqp.connections import confirming_connection
 from inbox.broker._observe import traced_publish
-from inbox.broker.connection import confirming_connection
-from inbox.broker.errors import PublishError
+from inbox.errors import PublishError
 from inbox.message import Message
 from inbox.outbox._arguments import outgoing
 

@@ -15,15 +15,16 @@ from kombu.connection import Connection
 from kombu.message import Message as Delivery
 from kombu.mixins import ConsumerMixin
 
+from inbox._amqp.connections import consuming_connection
+from inbox._cli.signals import install_signal_handlers
+from inbox.broker._declare import declare_topology, kombu_queue
 from inbox.broker._dispatch import Dispatcher, Inbound
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._options import check_options
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.connection import consuming_connection
 from inbox.core import Inbox
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.codec import JSON
-from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy, declare_topology
+from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
 
 __all__ = ["Worker", "WorkerStats", "install_signal_handlers"]
 
@@ -150,7 +151,7 @@ class Worker(ConsumerMixin):
         self._forwarder.attach(self._live_connection, self._live_connection.channel())
         return [
             consumer_class(
-                queues=[topology.consumed_queue()],
+                queues=[kombu_queue(topology.consumed_queue())],
                 on_message=partial(self._on_delivery, topology),
                 # kombu's default acks (drops) a body it cannot decompress: dead-letter it.
                 on_decode_error=partial(self._on_delivery, topology),

@@ -9,14 +9,43 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from sqlalchemy.orm import Session
 
 from inbox.core._handlers import HandlerFunc, is_coroutine_callable
 from inbox.errors import RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult
 
-__all__ = ["check_layers", "wrap_delivery", "wrap_handler"]
+if TYPE_CHECKING:  # the asyncio layer needs greenlet, which a blocking install lacks
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+__all__ = [
+    "AsyncDeliveryHook",
+    "AsyncMiddleware",
+    "DeliveryHook",
+    "Middleware",
+    "check_layers",
+    "wrap_delivery",
+    "wrap_handler",
+]
+
+Middleware: TypeAlias = Callable[[Message, Session, Callable[[Message], object]], object]
+"""A blocking middleware: ``(message, session, call_next) -> what call_next returned``."""
+
+AsyncMiddleware: TypeAlias = (
+    "Callable[[Message, AsyncSession, Callable[[Message], Awaitable[object]]], Awaitable[object]]"
+)
+"""An async middleware: ``async (message, session, call_next)``, awaiting ``call_next``."""
+
+DeliveryHook: TypeAlias = Callable[[Message, Callable[[Message], ProcessResult]], ProcessResult]
+"""A blocking delivery hook: ``(message, call_next) -> ProcessResult``, before any claim."""
+
+AsyncDeliveryHook: TypeAlias = Callable[
+    [Message, Callable[[Message], Awaitable[ProcessResult]]], Awaitable[ProcessResult]
+]
+"""An async delivery hook: ``async (message, call_next) -> ProcessResult``."""
 
 Deliver = Callable[[Message], Any]
 """One delivery's processing: ``process()`` without the hooks (a ProcessResult, or an

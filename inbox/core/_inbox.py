@@ -12,18 +12,17 @@ from sqlalchemy.orm import Session
 
 from inbox.core._batch import BatchProcessor
 from inbox.core._batch_handlers import BatchHandlerFunc
-from inbox.core._chain import wrap_delivery
+from inbox.core._chain import DeliveryHook, Middleware, wrap_delivery
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox.core._registration import InboxBase
 from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
 from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
 from inbox.core._transaction import HandlerTransaction
-from inbox.effects._blocking import EffectCall, Effects
-from inbox.effects._ledger import EffectMode
+from inbox.core.effects._blocking import EffectCall, Effects
+from inbox.core.effects._ledger import EffectMode
 from inbox.errors import InboxError
 from inbox.message import Message
-from inbox.middleware import DeliveryHook, Middleware
 from inbox.result import Outcome, ProcessResult, Unhandled
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
 

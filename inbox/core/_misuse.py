@@ -24,8 +24,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction
 
 from inbox.core._backends import Backend, Claims, TransactionState
+from inbox.core._backends._autocommit import autocommits
 from inbox.core._retry import is_transient
-from inbox.core._sessions import autocommits
 from inbox.errors import ClaimCommittedEarly, TransactionControlError
 
 __all__ = [

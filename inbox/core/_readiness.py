@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import literal, select
 
-from inbox._cli import database_error_line
+from inbox._oneline import database_error_line
 from inbox.core._registration import InboxBase
 from inbox.core._startup import SchemaNotReady, check_schema, worker_engine, worker_tables
 

@@ -4,7 +4,6 @@ when the factory can be tried without connecting, and again as each transaction 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import UnboundExecutionError
@@ -14,13 +13,7 @@ from sqlalchemy.sql import ClauseElement
 from inbox.core._backends._claims import check_supported
 from inbox.errors import SessionConfigurationError
 
-__all__ = [
-    "autocommits",
-    "check_session_factory",
-    "refuse_autocommit",
-    "refuse_busy_session",
-    "refuse_shared_transaction",
-]
+__all__ = ["check_session_factory", "refuse_busy_session", "refuse_shared_transaction"]
 
 
 def refuse_busy_session(session: Session) -> None:
@@ -84,31 +77,3 @@ def refuse_shared_transaction(session: Session, bind: Engine | Connection) -> No
             "the session is bound to a Connection: the inbox must own the transaction. Bind "
             "the sessionmaker to an Engine, or use join_transaction_mode='create_savepoint'"
         )
-
-
-def refuse_autocommit(connection: Connection) -> None:
-    """Refuse a connection in autocommit mode: the claim would commit on its own, so a
-    failing handler would leave it behind and its message would never run again."""
-    if autocommits(connection):
-        raise SessionConfigurationError(
-            "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
-            "the handler's writes. Use an engine without isolation_level='AUTOCOMMIT'"
-        )
-
-
-def autocommits(connection: Connection) -> bool:
-    """Whether the driver connection commits every statement itself (read client-side)."""
-    if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
-        return True
-    driver: Any = connection.connection.dbapi_connection
-    if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
-        return True
-    dialect = connection.dialect.name
-    if dialect == "sqlite":
-        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
-        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
-        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
-    if dialect in ("mysql", "mariadb"):
-        get_autocommit = getattr(driver, "get_autocommit", None)
-        return bool(get_autocommit()) if callable(get_autocommit) else False
-    return False

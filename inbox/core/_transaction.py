@@ -27,10 +27,11 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from inbox.core import _misuse as misuse
 from inbox.core._backends import Backend, Claimed, ClaimRow, Claims, TransactionState, backend_for
+from inbox.core._backends._autocommit import refuse_autocommit
 from inbox.core._guards import Guards, guard, unguard
 from inbox.core._handlers import RegisteredHandler
 from inbox.core._run import CURRENT_RUN, HandlerRun
-from inbox.core._sessions import refuse_autocommit, refuse_busy_session, refuse_shared_transaction
+from inbox.core._sessions import refuse_busy_session, refuse_shared_transaction
 from inbox.errors import HandlerInterrupted, RegistrationError
 from inbox.message import Message
 from inbox.telemetry._core import claim_timer

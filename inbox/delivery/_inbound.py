@@ -15,16 +15,25 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
-from kombu.message import Message as Delivery
-
-from inbox.broker._frames import DEFERRED_COMPRESSION, UNREADABLE
 from inbox.delivery._policy import DeadLetter, DeadLetterReason
 from inbox.delivery.codec import UndecodableBody, decode_body
 from inbox.errors import InvalidMessage
 from inbox.message import Message, parse_message_id
 
+UNREADABLE: Final = "x-inbox-unreadable"
+"""Property key: why the delivery's properties could not be decoded."""
+RAW_PROPERTIES: Final = "x-inbox-raw-properties"
+"""Property key: the content-header frame's property bytes as received."""
+DEFERRED_COMPRESSION: Final = "x-inbox-compression"
+"""Property key: the delivery's ``compression`` header, left for the worker to apply."""
+
+
 __all__ = [
+    "DEFERRED_COMPRESSION",
     "MAX_BODY_BYTES",
+    "RAW_PROPERTIES",
+    "UNREADABLE",
+    "Delivery",
     "body_bytes",
     "read_delivery",
     "read_id",
@@ -35,6 +44,26 @@ __all__ = [
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 """The most a compressed body may decompress to; a larger one is dead-lettered as it came."""
 _CHUNK: Final = 1024 * 1024
+
+
+class Delivery(Protocol):
+    """A delivery as an edge received it (a kombu ``Message`` is one): read, never acked
+    here, so that this module needs no broker library."""
+
+    @property
+    def body(self) -> bytes | str: ...
+
+    @property
+    def properties(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def content_type(self) -> str | None: ...
+
+    @property
+    def content_encoding(self) -> str | None: ...
 
 
 class _Decompressor(Protocol):

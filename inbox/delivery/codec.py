@@ -1,4 +1,5 @@
-"""Bodies on the wire: how the publisher encodes them and how the worker decodes a delivery.
+"""Bodies on the wire: how an edge decodes a delivery (the outbox and the publisher encode
+them, ``inbox.outbox._arguments``).
 
 Only JSON and text are ever decoded. Any other content type (pickle and YAML included) is
 handed to handlers as the raw bytes, so a producer can never make the worker run a
@@ -8,11 +9,14 @@ deserializer that executes code.
 from __future__ import annotations
 
 import json
+from typing import Final
 
-# Encoding lives in the core (the outbox encodes bodies without kombu); re-exported here.
-from inbox.outbox._arguments import BINARY, JSON, EncodedBody, encode_body
+__all__ = ["BINARY", "JSON", "UndecodableBody", "decode_body"]
 
-__all__ = ["BINARY", "JSON", "EncodedBody", "UndecodableBody", "decode_body", "encode_body"]
+JSON: Final = "application/json"
+"""The content type of a JSON body."""
+BINARY: Final = "application/octet-stream"
+"""The content type of a body sent as the raw bytes it is."""
 
 
 class UndecodableBody(ValueError):
@@ -63,18 +67,3 @@ def _charset(params: str, content_encoding: str | None) -> str:
     if content_encoding and content_encoding.lower() not in ("binary", "8bit", "7bit"):
         return content_encoding
     return "utf-8"
-
-
-def __getattr__(name: str) -> object:
-    if name == "InvalidReason":  # its home before it was named for what it is
-        import warnings
-
-        from inbox.delivery._policy import DeadLetterReason
-
-        warnings.warn(
-            "inbox.delivery.codec.InvalidReason is deprecated: use inbox.broker.DeadLetterReason",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return DeadLetterReason
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,7 @@
-"""What the worker needs on the broker: the queue, one delayed-retry queue per delay, and
-the dead-letter queue (``<queue>``, ``<queue>.retry.<ms>ms``, ``<queue>.dlq``).
+"""What an edge needs on the broker: the queue, one delayed-retry queue per delay, and the
+dead-letter queue (``<queue>``, ``<queue>.retry.<ms>ms``, ``<queue>.dlq``), as names and
+arguments: the kombu worker declares them with kombu (``inbox.broker._declare``), the
+FastStream edge with FastStream.
 
 One TTL per retry queue rather than per-message TTLs in one queue, because a queue expires
 messages only at its head: mixed delays would hold short ones behind long ones. The layout,
@@ -9,24 +11,24 @@ docs/worker.md, "Retries and dead letters".
 
 from __future__ import annotations
 
-import logging
 import math
-import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from kombu.connection import Connection
-from kombu.entity import Exchange, Queue
-
 DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
 DEFAULT_MAX_TRIES: Final = 4
 _MAX_QUEUE_NAME_BYTES: Final = 255
-_PRECONDITION_FAILED: Final = 406
-_DEAD_LETTER_ARG: Final = r"inequivalent arg 'x-dead-letter-(exchange|routing-key)'"
 
-logger = logging.getLogger("inbox.worker")
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """One durable queue to declare on the default exchange: its name and its arguments
+    (``x-queue-type``, TTL and dead-lettering), as RabbitMQ takes them."""
+
+    name: str
+    arguments: Mapping[str, Any]
 
 
 class QueueType(StrEnum):
@@ -113,7 +115,7 @@ class QueueTopology:
         """The delayed-retry queue for one wait: ``<queue>.retry.<ms>ms``."""
         return f"{self.name}.retry.{delay_ms}ms"
 
-    def queues(self) -> Iterator[Queue]:
+    def queues(self) -> Iterator[QueueSpec]:
         """Every queue to declare: the consumed queue, its retry queues, its dead letters."""
         yield self.consumed_queue()
         for delay_ms in self.retry.used_delays_ms():
@@ -128,9 +130,9 @@ class QueueTopology:
             yield self._queue(self.retry_queue(delay_ms), arguments)
         yield self._queue(self.dead_letter_queue, {})
 
-    def consumed_queue(self) -> Queue:
-        """The kombu queue the worker consumes from (a quorum one dead-letters what RabbitMQ
-        drops from it, past a delivery limit, to the dead-letter queue)."""
+    def consumed_queue(self) -> QueueSpec:
+        """The queue consumed from (a quorum one dead-letters what RabbitMQ drops from it,
+        past a delivery limit, to the dead-letter queue)."""
         if self.queue_type is not QueueType.QUORUM:
             return self._queue(self.name, {})
         arguments = {
@@ -139,57 +141,7 @@ class QueueTopology:
         }
         return self._queue(self.name, arguments)
 
-    def _queue(self, name: str, arguments: dict[str, Any]) -> Queue:
+    def _queue(self, name: str, arguments: dict[str, Any]) -> QueueSpec:
         if self.queue_type is QueueType.QUORUM:
             arguments = {"x-queue-type": "quorum", **arguments}
-        return Queue(
-            name,
-            exchange=Exchange(""),
-            routing_key=name,
-            durable=True,
-            auto_delete=False,
-            queue_arguments=arguments or None,
-        )
-
-
-def declare_topology(connection: Connection, topology: QueueTopology, *, passive: bool) -> None:
-    """Declare every queue of ``topology`` (or, with ``passive``, check that it exists) on
-    channels of its own: a refused declaration closes the channel it was made on.
-
-    A consumed queue that exists with other arguments (declared by an older version) is
-    kept as it is and checked passively, with a warning; any other refusal is raised.
-    """
-    channel = connection.channel()
-    try:
-        for queue in topology.queues():
-            if passive:
-                queue(channel).queue_declare(passive=True)
-                continue
-            try:
-                queue(channel).declare()
-            except connection.channel_errors as exc:
-                if queue.name != topology.name or not _only_dead_lettering_differs(exc):
-                    raise
-                channel = connection.channel()  # the refusal closed the other one
-                queue(channel).queue_declare(passive=True)
-                logger.warning(
-                    "queue %s exists with other arguments than this version declares (%s); "
-                    "kept as it is. To dead-letter what RabbitMQ drops from it, apply a "
-                    "policy: rabbitmqctl set_policy %s-dlx '^%s$' "
-                    '\'{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}\' '
-                    "--apply-to queues",
-                    queue.name,
-                    exc,
-                    queue.name,
-                    queue.name.replace(".", "\\."),
-                    topology.dead_letter_queue,
-                )
-    finally:
-        channel.close()
-
-
-def _only_dead_lettering_differs(exc: BaseException) -> bool:
-    # RabbitMQ names the first argument that differs; another type or TTL stays refused.
-    code = getattr(exc, "reply_code", None) or getattr(exc, "code", None)
-    text = str(getattr(exc, "reply_text", None) or exc)
-    return code == _PRECONDITION_FAILED and re.search(_DEAD_LETTER_ARG, text) is not None
+        return QueueSpec(name, arguments)

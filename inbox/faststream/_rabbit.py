@@ -87,7 +87,7 @@ def _faststream_queue(topology: QueueTopology, name: str) -> RabbitQueue:
     """The queue ``name`` of ``topology`` as FastStream declares it, with the kombu
     worker's arguments (FastStream adds ``x-queue-type`` itself)."""
     declared = {queue.name: queue for queue in topology.queues()}[name]
-    arguments: dict[str, Any] = dict(getattr(declared, "queue_arguments", None) or {})
+    arguments: dict[str, Any] = dict(declared.arguments)
     arguments.pop("x-queue-type", None)
     if topology.queue_type is QueueType.QUORUM:
         return RabbitQueue(name, FastStreamQueueType.QUORUM, arguments=cast(Any, arguments))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from inbox.core._bodies import plain_body
+from inbox.delivery.codec import BINARY, JSON
 from inbox.errors import InvalidMessage
 from inbox.message import IDEMPOTENCY_KEY_HEADER, parse_message_id, uuid7
 from inbox.outbox._amqp_limits import check_headers
@@ -30,8 +31,6 @@ __all__ = [
     "short_string",
 ]
 
-JSON: Final = "application/json"
-BINARY: Final = "application/octet-stream"
 _SHORT_STRING: Final = 255
 
 

@@ -20,7 +20,6 @@ from inbox._cli import (
     UsageParser,
     VersionRequested,
     add_version,
-    database_error_line,
     database_url,
     pipe_safe,
     printable_url,
@@ -29,6 +28,7 @@ from inbox._cli import (
     usage_line,
     whole_number,
 )
+from inbox._oneline import database_error_line
 from inbox.partitioning._catalog import is_partitioned
 from inbox.partitioning._create import ensure_partitions
 from inbox.partitioning._layout import DEFAULT_DAYS_AHEAD

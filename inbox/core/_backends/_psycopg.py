@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import Connection, Dialect, Table
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
+from inbox.core._backends._autocommit import refuse_autocommit
 from inbox.core._backends._base import Backend, Claimed, ClaimRow, TransactionState
 from inbox.core._backends._claims import MARKER, Claims, translation_key, won
 from inbox.core._backends._libpq import ClaimText, PipelineFailed, begin_and_claim, simple_command
 from inbox.core._backends._postgresql import LIBPQ_IDLE, LIBPQ_IN_TRANSACTION, state_from
 from inbox.core._backends._waits import drive, drive_async
-from inbox.core._sessions import refuse_autocommit
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

@@ -21,7 +21,7 @@ from typing import Any, Final
 from amqp.exceptions import ChannelError, FrameSyntaxError
 from kombu.connection import Connection
 
-from inbox.broker._confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
+from inbox._amqp.confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
 from inbox.outbox._row import OutboxRow
 from inbox.outbox.relay._refusals import error_line
 

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from sqlalchemy import URL, Table, create_engine
 
+from inbox._amqp.connections import BROKER_URL_ENV, broker_connection, safe_uri
 from inbox._cli import (
     EXIT_DATABASE_ERROR,
     EXIT_OK,
@@ -25,16 +26,14 @@ from inbox._cli import (
     UsageParser,
     VersionRequested,
     add_version,
-    database_error_line,
     database_url,
     first_line,
     usage_line,
     whole_number,
 )
-from inbox.broker._logging import LOG_FORMATS, configure_logging
-from inbox.broker._signals import install_signal_handlers
-from inbox.broker.cli import BROKER_URL_ENV, _broker_connection
-from inbox.broker.connection import safe_uri
+from inbox._cli.logs import LOG_FORMATS, configure_logging
+from inbox._cli.signals import install_signal_handlers
+from inbox._oneline import database_error_line
 from inbox.core._startup import SchemaNotReady
 from inbox.outbox.relay._relay import MAX_BATCH_SIZE, Relay, outbox_status
 from inbox.outbox.relay._rows import resolve_outbox_table
@@ -140,7 +139,7 @@ def relay_main(
         broker = args.broker or os.environ.get(BROKER_URL_ENV)
         if not broker:
             raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
-        connection = _broker_connection(broker)
+        connection = broker_connection(broker)
         relay = Relay(
             create_engine(url, pool_pre_ping=True),
             connection,

@@ -3,8 +3,8 @@ across retries, recorded in the effect ledger (docs/effects.md).
 
 The ledger's state machine is written once (``_ledger``, on a blocking connection); the
 blocking inbox runs it directly (``_blocking``), the async inbox through ``run_sync``
-(``_awaited``). The public names are ``inbox.EffectMode``, ``inbox.UncertainEffect`` and the
-``effect()`` methods of the inboxes.
+(``inbox.aio._effects``). The public names are ``inbox.EffectMode``,
+``inbox.UncertainEffect`` and the ``effect()`` methods of the inboxes.
 """
 
 __all__: list[str] = []

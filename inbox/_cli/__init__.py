@@ -14,6 +14,8 @@ from typing import Final, NoReturn, TextIO, cast
 from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from inbox._oneline import SECRET_QUERY_WORDS as _SECRET_QUERY_WORDS
+
 __all__ = [
     "DATABASE_URL_ENV",
     "EXIT_DATABASE_ERROR",
@@ -24,7 +26,6 @@ __all__ = [
     "UsageParser",
     "VersionRequested",
     "add_version",
-    "database_error_line",
     "database_url",
     "first_line",
     "mask_urls",
@@ -40,7 +41,6 @@ EXIT_OK: Final = 0
 EXIT_DATABASE_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 DATABASE_URL_ENV: Final = "INBOX_DATABASE_URL"
-_SECRET_QUERY_WORDS: Final = ("password", "passwd", "pwd", "secret", "token", "key")
 
 
 class UsageError(Exception):
@@ -171,27 +171,6 @@ def first_line(exc: BaseException) -> str:
     """``Type: first line of the message`` of an exception."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-def database_error_line(exc: BaseException, url: URL) -> str:
-    """The first line of a database error and the database it came from, with every secret
-    of the URL masked wherever it appears."""
-    orig = getattr(exc, "orig", None)  # the driver's error, without SQLAlchemy's SQL dump
-    lines = str(orig if orig is not None else exc).strip().splitlines()
-    message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    secrets = [str(url.password)] if url.password else []
-    if url.host and "@" in url.host:  # the tail of a password with an unescaped '@'
-        secrets.extend(part for part in url.host.split("@")[:-1] if part)
-    query = dict(url.query)
-    for name, value in url.query.items():
-        if any(word in name.lower() for word in _SECRET_QUERY_WORDS):
-            values = [value] if isinstance(value, str) else list(value)
-            secrets.extend(v for v in values if v)
-            query[name] = "***"
-    line = f"{message} (database {url.set(query=query).render_as_string(hide_password=True)})"
-    for secret in sorted(secrets, key=len, reverse=True):
-        line = line.replace(secret, "***")
-    return line.replace("%2A%2A%2A", "***")
 
 
 class OutputClosed(Exception):

@@ -27,14 +27,9 @@ from amqp import spec
 from amqp.basic_message import Message as AMQPMessage
 from amqp.exceptions import UnexpectedFrame
 
-__all__ = ["DEFERRED_COMPRESSION", "RAW_PROPERTIES", "UNREADABLE", "tolerant_frame_handler"]
+from inbox.delivery._inbound import DEFERRED_COMPRESSION, RAW_PROPERTIES, UNREADABLE
 
-UNREADABLE: Final = "x-inbox-unreadable"
-"""Property key: why the delivery's properties could not be decoded."""
-RAW_PROPERTIES: Final = "x-inbox-raw-properties"
-"""Property key: the content-header frame's property bytes as received."""
-DEFERRED_COMPRESSION: Final = "x-inbox-compression"
-"""Property key: the delivery's ``compression`` header, left for the worker to apply."""
+__all__ = ["tolerant_frame_handler"]
 
 _CONTENT_METHODS: Final = frozenset({spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk})
 _HEADER_PREFIX: Final = 12  # class id, weight, body size: read before the properties

@@ -1,10 +1,10 @@
 """``Inbox.effect``: a call outside the database made once per (claim, tenant, handler,
-step), its record kept by :mod:`inbox.effects._ledger` in the effect store, in transactions of
-their own, on connections of their own (:mod:`inbox.effects._pool`).
+step), its record kept by :mod:`inbox.core.effects._ledger` in the effect store, in transactions of
+their own, on connections of their own (:mod:`inbox.core.effects._pool`).
 
 What the blocking and the async inbox share lives here too: checking the arguments and the
 store, naming the effect, and the failure's one-line text; the result's way into the
-ledger is :mod:`inbox.effects._results`.
+ledger is :mod:`inbox.core.effects._results`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sqlalchemy import Engine, Table
 from inbox.core._backends import check_supported
 from inbox.core._retry import Backoff, run_with_retries
 from inbox.core._run import HandlerRun, current_run
-from inbox.effects._ledger import (
+from inbox.core.effects._ledger import (
     Call,
     EffectMode,
     EffectRef,
@@ -33,9 +33,15 @@ from inbox.effects._ledger import (
     validate_step,
     version_1_key,
 )
-from inbox.effects._pool import LedgerEngines
-from inbox.effects._results import Kept, KeptResults, encode_result, refuses_result, result_refused
-from inbox.effects._tenant import tenant_of
+from inbox.core.effects._pool import LedgerEngines
+from inbox.core.effects._results import (
+    Kept,
+    KeptResults,
+    encode_result,
+    refuses_result,
+    result_refused,
+)
+from inbox.core.effects._tenant import tenant_of
 from inbox.errors import EffectError, UnsupportedDialect
 from inbox.schema import resolve_effect_table
 
@@ -49,7 +55,7 @@ __all__ = [
     "refuse_sqlite_claim_store",
 ]
 
-logger = logging.getLogger("inbox.effects")
+logger = logging.getLogger("inbox.core.effects")
 
 EffectCall = Callable[[Any], Any]
 """``call(key)``: makes the effect, passing ``key`` (a UUID) to the other side as its

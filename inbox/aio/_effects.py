@@ -1,6 +1,6 @@
-"""``AsyncInbox.effect``: the blocking inbox's effect ledger (:mod:`inbox.effects._ledger`)
+"""``AsyncInbox.effect``: the blocking inbox's effect ledger (:mod:`inbox.core.effects._ledger`)
 run through ``AsyncConnection.run_sync``, with the call awaited between its writes; on
-connections of its own (:mod:`inbox.effects._pool`), so no handler waits for a connection
+connections of its own (:mod:`inbox.core.effects._pool`), so no handler waits for a connection
 another handler holds while it waits in turn."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from inbox.aio._retry import run_with_retries
 from inbox.core._backends import check_supported
 from inbox.core._retry import Backoff
 from inbox.core._run import HandlerRun
-from inbox.effects._blocking import (
+from inbox.core.effects._blocking import (
     begin_effect,
     describe_error,
     log_superseded,
@@ -27,14 +27,20 @@ from inbox.effects._blocking import (
     now,
     refuse_sqlite_claim_store,
 )
-from inbox.effects._ledger import Call, EffectRef, Ledger, Stored
-from inbox.effects._pool import LedgerEngines
-from inbox.effects._results import Kept, KeptResults, encode_result, refuses_result, result_refused
+from inbox.core.effects._ledger import Call, EffectRef, Ledger, Stored
+from inbox.core.effects._pool import LedgerEngines
+from inbox.core.effects._results import (
+    Kept,
+    KeptResults,
+    encode_result,
+    refuses_result,
+    result_refused,
+)
 from inbox.schema import resolve_effect_table
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
 
-logger = logging.getLogger("inbox.effects")
+logger = logging.getLogger("inbox.core.effects")
 
 AsyncEffectCall = Callable[[Any], Awaitable[Any] | Any]
 """``call(key)``: an ``async def`` (or a plain function) making the effect with ``key`` as
@@ -114,7 +120,7 @@ class AsyncEffects:
         return made.result()
 
     async def _record(self, engine: AsyncEngine, ref: EffectRef, made: Kept) -> bool:
-        """:meth:`inbox.effects._blocking.Effects._record`, awaited."""
+        """:meth:`inbox.core.effects._blocking.Effects._record`, awaited."""
         finish = self.ledger.finish
         try:
             return bool(

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from kombu.connection import Connection
 
-from inbox.broker._frames import tolerant_frame_handler
+from inbox._amqp.frames import tolerant_frame_handler
+
+BROKER_URL_ENV: Final = "INBOX_BROKER_URL"
+"""The environment variable the commands read a broker URL from, without ``--broker``."""
+
+
+def broker_connection(url: str) -> Connection:
+    """Parse the broker URL without ever echoing it: a password with an unescaped ``#`` or
+    ``/`` would otherwise show up in the parser's error."""
+    scheme = url.partition("://")[0] if "://" in url else "?"
+    try:
+        connection = Connection(url)
+        connection.transport_cls  # noqa: B018 - resolves the transport: unknown ones fail here
+        connection.as_uri()
+    except Exception as exc:
+        raise ValueError(
+            f"--broker: not a usable kombu URL (scheme {scheme!r}, {type(exc).__name__}); check "
+            "the transport name, its client library, and percent-encode special characters "
+            "in the user name and password"
+        ) from None
+    return connection
 
 
 def consuming_connection(broker: str | Connection) -> Connection:

@@ -1,0 +1,45 @@
+"""Whether a connection commits every statement itself: read client-side, per driver.
+
+A connection in autocommit mode would commit the claim on its own, so a failing handler
+would leave it behind and its message would never run again: the handler transaction
+refuses one before the first claim, and a handler that switches to it (MySQL's
+``SET autocommit=1``) is caught before the commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection
+
+from inbox.errors import SessionConfigurationError
+
+__all__ = ["autocommits", "refuse_autocommit"]
+
+
+def refuse_autocommit(connection: Connection) -> None:
+    """Refuse a connection in autocommit mode: the claim would commit on its own, so a
+    failing handler would leave it behind and its message would never run again."""
+    if autocommits(connection):
+        raise SessionConfigurationError(
+            "the session's connection is in AUTOCOMMIT mode: the claim would commit without "
+            "the handler's writes. Use an engine without isolation_level='AUTOCOMMIT'"
+        )
+
+
+def autocommits(connection: Connection) -> bool:
+    """Whether the driver connection commits every statement itself (read client-side)."""
+    if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        return True
+    driver: Any = connection.connection.dbapi_connection
+    if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
+        return True
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
+        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
+        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
+    if dialect in ("mysql", "mariadb"):
+        get_autocommit = getattr(driver, "get_autocommit", None)
+        return bool(get_autocommit()) if callable(get_autocommit) else False
+    return False

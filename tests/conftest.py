@@ -51,7 +51,7 @@ def inbox_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 # Loggers the console scripts tune when a test runs one in this process (worker_main etc.).
-_TUNED_LOGGERS = ("", "inbox", "inbox.core._inbox", "inbox.worker", "kombu", "amqp", "alembic")
+_TUNED_LOGGERS = ("", "inbox", "inbox.core", "inbox.worker", "kombu", "amqp", "alembic")
 
 
 @pytest.fixture(autouse=True)

@@ -538,13 +538,11 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @contextmanager
 def logging_restored() -> Iterator[None]:
-    """worker_main() configures logging for the process (a root handler, quiet inbox.core._inbox
+    """worker_main() configures logging for the process (a root handler, quiet inbox.core
     and kombu loggers): undo that, or later tests that read the inbox's log lines see none."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    quieted = {
-        name: logging.getLogger(name).level for name in ("inbox.core._inbox", "kombu", "amqp")
-    }
+    quieted = {name: logging.getLogger(name).level for name in ("inbox.core", "kombu", "amqp")}
     try:
         yield
     finally:

@@ -111,24 +111,24 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
     # identifiers; values are always bound parameters.
     # Each call by its first 56 characters: enough to tell them apart.
     assert {path: [call[:56] for call in calls] for path, calls in found.items()} == {
-        "_backends/_claims.py": [
+        "core/_backends/_claims.py": [
             # the marker the PostgreSQL claim sets: constants
             "literal_column(\"'on'\")",
             "literal_column(\"'default_transaction_read_only'\")",
             "literal_column(\"'on'\")",
             "literal_column('true')",
         ],
-        "_effect_ledger.py": [
+        "core/effects/_ledger.py": [
             "exec_driver_sql('SELECT @@max_allowed_packet')",  # MySQL/MariaDB: a constant
         ],
-        "_backends/_mysql.py": [
+        "core/_backends/_mysql.py": [
             "exec_driver_sql('UNLOCK TABLES')",
         ],
         "admin/_status.py": [
             "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
             "text('SELECT coalesce(sum(data_length + index_length), 0",
         ],
-        "broker/_relay_rows.py": [
+        "outbox/relay/_rows.py": [
             "text('SET TRANSACTION ISOLATION LEVEL READ COMMITTED')",
         ],
         "retention/_batches.py": [

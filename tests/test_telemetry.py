@@ -368,7 +368,7 @@ def test_effects_are_counted_by_outcome(pg_db: Database, otel: Sdk) -> None:
 
     assert len(calls) == 1
     by = {"inbox__handler": handler, "inbox__effect__step": "sms"}
-    assert otel.total("inbox.core.effects", inbox__outcome="started", **by) == 1
-    assert otel.total("inbox.core.effects", inbox__outcome="done", **by) == 1
-    assert otel.total("inbox.core.effects", inbox__outcome="stored", **by) == 1
-    assert otel.total("inbox.core.effects", inbox__outcome="failed", **by) == 0
+    assert otel.total("inbox.effects", inbox__outcome="started", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="done", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="stored", **by) == 1
+    assert otel.total("inbox.effects", inbox__outcome="failed", **by) == 0

@@ -76,7 +76,7 @@ def configure_logging(
         # One line per event: the worker logs each failure, dead letter and skipped duplicate
         # itself (under inbox.worker), so the core's per-handler lines (and kombu's
         # connection chatter) are for DEBUG only.
-        logging.getLogger("inbox.core._inbox").setLevel(logging.ERROR)
+        logging.getLogger("inbox.core").setLevel(logging.ERROR)
         logging.getLogger("kombu").setLevel(logging.WARNING)
         logging.getLogger("amqp").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)  # reading the revisions at start

@@ -40,7 +40,7 @@ from inbox.schema import resolve_effect_table
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
 
-logger = logging.getLogger("inbox.core.effects")
+logger = logging.getLogger("inbox.effects")
 
 AsyncEffectCall = Callable[[Any], Awaitable[Any] | Any]
 """``call(key)``: an ``async def`` (or a plain function) making the effect with ``key`` as

@@ -40,7 +40,7 @@ __all__ = [
     "split",
 ]
 
-logger = logging.getLogger("inbox.core._inbox")
+logger = logging.getLogger("inbox.core")
 
 BatchResult: TypeAlias = ProcessResult | InboxError
 

@@ -35,7 +35,7 @@ __all__ = [
     "switched_to_autocommit",
 ]
 
-logger = logging.getLogger("inbox.core._inbox")
+logger = logging.getLogger("inbox.core")
 
 
 def refuse_ended_transaction(

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 __all__ = ["Backoff", "is_transient", "log_retry", "run_with_retries"]
 
-logger = logging.getLogger("inbox.core._inbox")
+logger = logging.getLogger("inbox.core")
 
 # SQLSTATEs: serialization_failure, deadlock_detected (PostgreSQL), lock_not_available.
 _TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03"})

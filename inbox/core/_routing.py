@@ -21,7 +21,7 @@ from inbox.result import ProcessResult, Unhandled
 
 __all__ = ["CONFIGURATION_ERRORS", "Planned", "describe", "plan", "require_messages"]
 
-logger = logging.getLogger("inbox.core._inbox")
+logger = logging.getLogger("inbox.core")
 
 CONFIGURATION_ERRORS: Final = (SessionConfigurationError, UnsupportedDialect)
 """Errors that say the inbox is set up wrong, not that a message failed: they are raised as

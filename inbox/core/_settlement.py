@@ -24,7 +24,7 @@ from inbox.telemetry._core import MessageWatch, watch
 
 __all__ = ["Failed", "Pause", "Run", "Settlement", "Steps", "advance", "settle"]
 
-logger = logging.getLogger("inbox.core._inbox")
+logger = logging.getLogger("inbox.core")
 
 _UNWATCHED: AbstractContextManager[None] = nullcontext()
 

@@ -10,7 +10,7 @@ __all__ = ["record_effect", "record_outbox"]
 
 def record_effect(outcome: str, handler: str, step: str) -> None:
     """Count one effect of ``handler`` at ``step`` that ended with ``outcome`` (for
-    example ``"done"``, ``"skipped"``, ``"failed"``): ``inbox.core.effects``."""
+    example ``"done"``, ``"skipped"``, ``"failed"``): ``inbox.effects``."""
     if INSTRUMENTS is None or not metering():
         return
     INSTRUMENTS.effects.add(1, {n.OUTCOME: outcome, n.HANDLER: handler, n.STEP: step})

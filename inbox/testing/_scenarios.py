@@ -36,7 +36,7 @@ __all__ = [
     "scenarios",
 ]
 
-_CORE_LOG = logging.getLogger("inbox.core._inbox")
+_CORE_LOG = logging.getLogger("inbox.core")
 
 
 class InjectedFailure(Exception):

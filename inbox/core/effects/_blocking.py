@@ -55,7 +55,7 @@ __all__ = [
     "refuse_sqlite_claim_store",
 ]
 
-logger = logging.getLogger("inbox.core.effects")
+logger = logging.getLogger("inbox.effects")
 
 EffectCall = Callable[[Any], Any]
 """``call(key)``: makes the effect, passing ``key`` (a UUID) to the other side as its

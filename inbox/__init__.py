@@ -10,6 +10,8 @@ from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler
 from inbox.core.effects._ledger import EffectMode
 from inbox.errors import (
     ClaimCommittedEarly,
+    ConfigurationError,
+    CopyRefused,
     EffectError,
     HandlerFailed,
     HandlerInterrupted,
@@ -22,6 +24,7 @@ from inbox.errors import (
     SessionConfigurationError,
     TransactionControlError,
     UncertainEffect,
+    UndecodableBody,
     UnhandledMessage,
     UnsupportedDialect,
 )
@@ -35,6 +38,8 @@ __all__ = [
     "KEY_NAMESPACE",
     "ClaimCommittedEarly",
     "CleanupReport",
+    "ConfigurationError",
+    "CopyRefused",
     "EffectError",
     "EffectMode",
     "HandlerFailed",
@@ -56,6 +61,7 @@ __all__ = [
     "SessionConfigurationError",
     "TransactionControlError",
     "UncertainEffect",
+    "UndecodableBody",
     "Unhandled",
     "UnhandledMessage",
     "UnsupportedDialect",

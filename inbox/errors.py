@@ -14,6 +14,15 @@ class InboxError(Exception):
     """Root of every exception raised by the inbox library."""
 
 
+class ConfigurationError(InboxError, TypeError, ValueError):
+    """The library was given something it cannot use: a bad argument, option or registration.
+
+    Raised where the call is made (a constructor, a decorator, an option, a CLI flag), before
+    anything runs or is committed. It is a :class:`TypeError` and a :class:`ValueError` too,
+    so code written against the builtin errors the library raised before keeps working.
+    """
+
+
 class InvalidMessage(InboxError, ValueError):
     """A message cannot be processed as given: no id, an id that is not a UUID, a bad header."""
 
@@ -37,7 +46,7 @@ class InvalidBody(InvalidMessage):
         self.reason = reason
 
 
-class RegistrationError(InboxError, ValueError):
+class RegistrationError(ConfigurationError):
     """A handler registration is invalid (duplicate name, unstable default name, bad option)."""
 
 
@@ -64,11 +73,21 @@ class UnhandledMessage(InboxError):
         self.message_type = message_type
 
 
+class UndecodableBody(InvalidMessage):
+    """A delivery's body cannot be read: unsupported or corrupt compression, a truncated stream,
+    or more than the size limit once decompressed. The edges dead-letter it at once."""
+
+
+class CopyRefused(InboxError):
+    """The broker refused a copy the edge published (a retry or dead-letter copy): returned
+    as unroutable, nacked, or refused as too large. The original delivery stays unsettled."""
+
+
 class TransactionControlError(InboxError):
     """A handler tried to end the transaction the inbox owns (commit, rollback, close)."""
 
 
-class SessionConfigurationError(InboxError):
+class SessionConfigurationError(ConfigurationError):
     """The session factory gives sessions whose transaction the inbox cannot own."""
 
 
@@ -95,7 +114,7 @@ class HandlerFailed(InboxError):
         self.result = result
 
 
-class UnsupportedDialect(InboxError):
+class UnsupportedDialect(ConfigurationError):
     """The database dialect has no claim statement (supported: postgresql, sqlite, mysql)."""
 
 

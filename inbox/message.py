@@ -96,15 +96,17 @@ def key_bytes(value: object) -> bytes:
         return value.bytes
     if isinstance(value, str):
         if not value:
-            raise ValueError("key is an empty string")
+            raise InvalidMessage("key is an empty string")
         if not _is_utf8(value):
-            raise ValueError("key is not valid Unicode text (it holds a lone surrogate)")
+            raise InvalidMessage("key is not valid Unicode text (it holds a lone surrogate)")
         return uuid.uuid5(KEY_NAMESPACE, value).bytes
     if isinstance(value, bytes):
         if len(value) != 16:
-            raise ValueError(f"key given as bytes must be exactly 16 bytes, got {len(value)}")
+            raise InvalidMessage(f"key given as bytes must be exactly 16 bytes, got {len(value)}")
         return value
-    raise ValueError(f"key must be a non-empty str, a UUID or 16 bytes, got {type(value).__name__}")
+    raise InvalidMessage(
+        f"key must be a non-empty str, a UUID or 16 bytes, got {type(value).__name__}"
+    )
 
 
 def _is_utf8(text: str) -> bool:

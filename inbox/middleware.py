@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware, DeliveryHook, Middleware
 from inbox.core._run import CURRENT_RUN
+from inbox.errors import ConfigurationError
 from inbox.message import Message
 from inbox.result import ProcessResult
 
@@ -109,7 +110,7 @@ class Timing:
 
     def __init__(self, report: TimingReport | None = None, *, level: int = logging.INFO) -> None:
         if report is not None and not callable(report):
-            raise TypeError(f"report must be callable, got {type(report).__name__}")
+            raise ConfigurationError(f"report must be callable, got {type(report).__name__}")
         self._report = report if report is not None else _log_timing(level)
 
     def __call__(
@@ -132,7 +133,7 @@ class AsyncTiming:
 
     def __init__(self, report: TimingReport | None = None, *, level: int = logging.INFO) -> None:
         if report is not None and not callable(report):
-            raise TypeError(f"report must be callable, got {type(report).__name__}")
+            raise ConfigurationError(f"report must be callable, got {type(report).__name__}")
         self._report = report if report is not None else _log_timing(level)
 
     async def __call__(

@@ -30,6 +30,8 @@ from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeDecorator
 
+from inbox.errors import ConfigurationError
+
 __all__ = [
     "DEFAULT_EFFECT_TABLE_NAME",
     "DEFAULT_OUTBOX_TABLE_NAME",
@@ -77,7 +79,7 @@ class BinaryUUID(TypeDecorator[uuid.UUID]):
             return value
         if isinstance(value, uuid.UUID):
             return value.bytes
-        raise TypeError(f"BinaryUUID binds a UUID or 16 bytes, got {type(value).__name__}")
+        raise ConfigurationError(f"BinaryUUID binds a UUID or 16 bytes, got {type(value).__name__}")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> uuid.UUID | None:
         """Turn the stored 16 bytes back into a UUID."""
@@ -101,7 +103,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if not isinstance(value, dt.datetime) or value.tzinfo is None:
-            raise TypeError("UTCDateTime binds a timezone-aware datetime")
+            raise ConfigurationError("UTCDateTime binds a timezone-aware datetime")
         utc: dt.datetime = value.astimezone(dt.UTC)
         return utc if dialect.name == "postgresql" else utc.replace(tzinfo=None)
 
@@ -110,7 +112,9 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if not isinstance(value, dt.datetime):
-            raise TypeError(f"expected a datetime from the driver, got {type(value).__name__}")
+            raise ConfigurationError(
+                f"expected a datetime from the driver, got {type(value).__name__}"
+            )
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.UTC)
         return value.astimezone(dt.UTC)
@@ -139,7 +143,7 @@ def _text(length: int) -> String:
 def _check_identifiers(what: str, name: str, schema: str | None) -> None:
     for label, value in (("table name", name), ("schema", schema)):
         if value is not None and not _IDENTIFIER.fullmatch(value):
-            raise ValueError(
+            raise ConfigurationError(
                 f"{what} {label} must be a plain identifier (letters, digits, underscore; "
                 f"at most 63 characters), got {value!r}"
             )
@@ -325,19 +329,21 @@ def _resolve(table: str | Table, what: str, columns: set[str]) -> Table:
     if isinstance(table, Table):
         missing = columns - set(table.c.keys())
         if missing:
-            raise ValueError(
+            raise ConfigurationError(
                 f"table {table.fullname!r} is not an {what} table (no column "
                 f"{', '.join(sorted(missing))}); define it with inbox.schema.{what}_table()"
             )
         return table
     if not isinstance(table, str):
-        raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
+        raise ConfigurationError(
+            f"table must be a str or a sqlalchemy Table, got {type(table).__name__}"
+        )
     default = _DEFAULTS[what]
     if table == default.name:
         return default
     schema, dot, name = table.rpartition(".")
     if dot and not schema:
-        raise ValueError(
+        raise ConfigurationError(
             f"{what} table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
         )
     with _named_lock:

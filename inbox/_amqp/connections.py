@@ -7,6 +7,7 @@ from typing import Any, Final
 from kombu.connection import Connection
 
 from inbox._amqp.frames import tolerant_frame_handler
+from inbox.errors import ConfigurationError
 
 BROKER_URL_ENV: Final = "INBOX_BROKER_URL"
 """The environment variable the commands read a broker URL from, without ``--broker``."""
@@ -21,7 +22,7 @@ def broker_connection(url: str) -> Connection:
         connection.transport_cls  # noqa: B018 - resolves the transport: unknown ones fail here
         connection.as_uri()
     except Exception as exc:
-        raise ValueError(
+        raise ConfigurationError(
             f"--broker: not a usable kombu URL (scheme {scheme!r}, {type(exc).__name__}); check "
             "the transport name, its client library, and percent-encode special characters "
             "in the user name and password"
@@ -33,10 +34,12 @@ def consuming_connection(broker: str | Connection) -> Connection:
     """A clone of ``broker`` whose AMQP frames are read by the tolerant frame reader."""
     if isinstance(broker, str):
         if not broker.strip():
-            raise ValueError("the broker URL is empty")
+            raise ConfigurationError("the broker URL is empty")
         broker = Connection(broker)
     elif not isinstance(broker, Connection):
-        raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
+        raise ConfigurationError(
+            f"broker must be a URL or a kombu Connection, got {type(broker).__name__}"
+        )
     options: dict[str, Any] = dict(broker.transport_options or {})
     options.pop("confirm_publish", None)  # the forwarder tracks each copy's confirm itself
     if broker.transport.driver_name == "py-amqp":  # its frame_handler option
@@ -51,12 +54,14 @@ def confirming_connection(broker: str | Connection) -> Connection:
     confirms ignore it)."""
     if isinstance(broker, str):
         if not broker.strip():
-            raise ValueError("the broker URL is empty")
+            raise ConfigurationError("the broker URL is empty")
         base = Connection(broker)
     elif isinstance(broker, Connection):
         base = broker
     else:
-        raise TypeError(f"broker must be a URL or a kombu Connection, got {type(broker).__name__}")
+        raise ConfigurationError(
+            f"broker must be a URL or a kombu Connection, got {type(broker).__name__}"
+        )
     options: dict[str, Any] = dict(base.transport_options or {})
     options["confirm_publish"] = True
     connection: Connection = base.clone(transport_options=options)

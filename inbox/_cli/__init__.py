@@ -15,6 +15,7 @@ from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from inbox._oneline import SECRET_QUERY_WORDS as _SECRET_QUERY_WORDS
+from inbox.errors import ConfigurationError
 
 __all__ = [
     "DATABASE_URL_ENV",
@@ -116,15 +117,15 @@ def database_url(given: str | None) -> URL:
     an unescaped ``@`` makes it ambiguous."""
     text = given if given is not None else os.environ.get(DATABASE_URL_ENV)
     if not text:
-        raise ValueError(f"no database: pass --database-url or set {DATABASE_URL_ENV}")
+        raise ConfigurationError(f"no database: pass --database-url or set {DATABASE_URL_ENV}")
     try:
         url = make_url(text)
     except (ArgumentError, ValueError):
-        raise ValueError("--database-url is not a valid SQLAlchemy URL") from None
+        raise ConfigurationError("--database-url is not a valid SQLAlchemy URL") from None
     if url.password is not None and "@" in _after_password(text):
         # The parser ends the password at its first '@' and takes the rest of it for the
         # host: connecting would send the password's tail to DNS and print it in the error.
-        raise ValueError(
+        raise ConfigurationError(
             "--database-url has an '@' after its password: percent-encode '@' as %40 in the "
             "password (and anywhere else in the URL)"
         )

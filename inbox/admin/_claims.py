@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, Table, delete, inspect, select
 
-from inbox.errors import InvalidMessage
+from inbox.errors import ConfigurationError, InvalidMessage
 from inbox.message import key_bytes, parse_message_id
 
 __all__ = ["Claim", "Effect", "Found", "LookupKey", "find", "lookup_keys", "release"]
@@ -72,7 +72,7 @@ def lookup_keys(text: str, *, business_key: bool = False) -> tuple[LookupKey, ..
     else is a business key. ``business_key=True``: only the business key. Raises
     ``ValueError`` for an empty text or one that cannot be a key."""
     if not text:
-        raise ValueError("the message id or key is empty")
+        raise ConfigurationError("the message id or key is empty")
     as_key = LookupKey(uuid.UUID(bytes=key_bytes(text)), f"business key {text!r}")
     if business_key:
         return (as_key,)

@@ -20,6 +20,7 @@ from kombu.connection import Connection
 
 from inbox.delivery import headers as h
 from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
+from inbox.errors import ConfigurationError
 from inbox.message import IDEMPOTENCY_KEY_HEADER
 
 __all__ = [
@@ -129,7 +130,7 @@ def open_channel(broker: str) -> Iterator[amqp.Channel]:
     message still unacked back to its queue."""
     connection = Connection(broker)
     if connection.transport.driver_type != "amqp":
-        raise ValueError(
+        raise ConfigurationError(
             "dead-letter queues are on RabbitMQ: --broker must be an amqp:// URL, got a "
             f"{connection.transport.driver_type} transport"
         )

@@ -43,6 +43,7 @@ from inbox.admin import _claims, _commands
 from inbox.admin._dlq_commands import dead_letter_reason, dlq, duration
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._migrate import migrate
+from inbox.errors import ConfigurationError
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -336,7 +337,7 @@ def _engine(url: URL) -> Engine:
     try:
         return create_engine(url, hide_parameters=True)
     except ArgumentError as exc:  # an unknown dialect or driver
-        raise ValueError(f"--database-url: {first_line(exc)}") from None
+        raise ConfigurationError(f"--database-url: {first_line(exc)}") from None
 
 
 def _broker_url(args: argparse.Namespace) -> str | None:

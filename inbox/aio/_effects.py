@@ -36,6 +36,7 @@ from inbox.core.effects._results import (
     refuses_result,
     result_refused,
 )
+from inbox.errors import ConfigurationError
 from inbox.schema import resolve_effect_table
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
@@ -61,7 +62,7 @@ class AsyncEffects:
     ) -> None:
         if store is not None:
             if not isinstance(store, AsyncEngine):
-                raise TypeError(
+                raise ConfigurationError(
                     "effect_store of an AsyncInbox must be an AsyncEngine "
                     f"(create_async_engine(...)), got {type(store).__name__}"
                 )

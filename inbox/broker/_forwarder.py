@@ -29,8 +29,9 @@ from inbox.delivery._copies import trimmed_headers
 from inbox.delivery._inbound import RAW_PROPERTIES, UNREADABLE, body_bytes, sent_headers
 from inbox.delivery._policy import DeadLetterReason
 from inbox.delivery._stats import WorkerStats
+from inbox.errors import CopyRefused
 
-__all__ = ["Forwarder", "Refused"]
+__all__ = ["Forwarder"]
 
 logger = logging.getLogger("inbox.worker")
 
@@ -44,10 +45,6 @@ _KEPT_PROPERTIES: Final = (
     "timestamp",
     "app_id",
 )
-
-
-class Refused(Exception):
-    """The broker did not take a copy (nacked, returned unroutable, or not confirmed)."""
 
 
 @dataclass(order=True)
@@ -142,7 +139,7 @@ class Forwarder:
         for item in held:
             try:
                 self._send(item.delivery, item.target, item.dead_letters, item.headers)
-            except Refused:
+            except CopyRefused:
                 item.delivery.requeue()
                 self.stats.requeued += 1
             else:
@@ -158,7 +155,7 @@ class Forwarder:
     ) -> None:
         try:
             self._send(delivery, target, dead_letters, headers)
-        except Refused as refused:
+        except CopyRefused as refused:
             wait = min(30.0, 2.0**refusals)
             logger.error(
                 "message %s: the broker refused its copy for %s (%s); kept unacked, "
@@ -216,9 +213,9 @@ class Forwarder:
         # RabbitMQ sends basic.return before the confirm of the same publish, and only this
         # publish is in flight: a return seen now is this copy's.
         if self._returned:
-            raise Refused(self._returned[0])
+            raise CopyRefused(self._returned[0])
         if not confirmed:
-            raise Refused("nacked by the broker")
+            raise CopyRefused("nacked by the broker")
 
     def _await_confirm(self) -> bool:
         deadline = time.monotonic() + self.confirm_timeout

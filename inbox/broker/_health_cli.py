@@ -10,6 +10,7 @@ from inbox._cli import whole_number
 from inbox.broker._health import DEFAULT_STALE_AFTER, HealthServer, Probed
 from inbox.core import Inbox
 from inbox.core._readiness import database_not_ready
+from inbox.errors import ConfigurationError
 from inbox.telemetry._gauges import observe_worker
 from inbox.telemetry._prometheus import prometheus_exposition
 
@@ -71,7 +72,7 @@ def health_server(
             stale_after=float(args.healthz_timeout),
         )
     except OSError as exc:
-        raise ValueError(
+        raise ConfigurationError(
             f"--metrics-port {args.metrics_port} on {args.metrics_host}: "
             f"{exc.strerror or type(exc).__name__}"
         ) from None

@@ -7,6 +7,7 @@ queues outlive it.
 from __future__ import annotations
 
 from inbox.broker.worker import Worker
+from inbox.errors import ConfigurationError
 
 __all__ = ["delete_queues", "run_until_idle"]
 
@@ -15,7 +16,7 @@ def run_until_idle(worker: Worker, idle_timeout: float) -> None:
     """Run ``worker`` until no delivery arrived for ``idle_timeout`` seconds and it holds no
     retry, then stop it cleanly."""
     if idle_timeout <= 0:
-        raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
+        raise ConfigurationError(f"idle_timeout must be positive, got {idle_timeout}")
     worker._idle_timeout = idle_timeout
     try:
         worker.run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inbox.core import Inbox
+from inbox.errors import ConfigurationError
 
 __all__ = ["check_options"]
 
@@ -18,18 +19,18 @@ def check_options(
 ) -> None:
     """Raise ``TypeError`` or ``ValueError`` naming the first option that is not usable."""
     if not isinstance(inbox, Inbox):
-        raise TypeError(f"inbox must be an inbox.Inbox, got {type(inbox).__name__}")
+        raise ConfigurationError(f"inbox must be an inbox.Inbox, got {type(inbox).__name__}")
     if isinstance(queues, str) or not queues:
-        raise ValueError("queues must be a non-empty sequence of queue names")
+        raise ConfigurationError("queues must be a non-empty sequence of queue names")
     if len(set(queues)) != len(queues):
-        raise ValueError(f"queues must not repeat a name: {list(queues)}")
+        raise ConfigurationError(f"queues must not repeat a name: {list(queues)}")
     for name, value in (("prefetch", prefetch), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            raise ValueError(f"{name} must be an int from 1 to 65535, got {value!r}")
+            raise ConfigurationError(f"{name} must be an int from 1 to 65535, got {value!r}")
     if batch_size > prefetch:
-        raise ValueError(
+        raise ConfigurationError(
             f"batch_size ({batch_size}) must not exceed prefetch ({prefetch}): a batch "
             "fills only from deliveries the broker has already sent"
         )
     if stats_interval is not None and stats_interval <= 0:
-        raise ValueError(f"stats_interval must be positive or None, got {stats_interval}")
+        raise ConfigurationError(f"stats_interval must be positive or None, got {stats_interval}")

@@ -13,6 +13,7 @@ from kombu.connection import Connection
 
 from inbox.core import Inbox
 from inbox.core._startup import inbox_engine
+from inbox.errors import ConfigurationError
 from inbox.outbox.relay._relay import Relay
 
 __all__ = ["RelayThread", "relay_for", "running_beside"]
@@ -29,7 +30,7 @@ def relay_for(inbox: Inbox, broker: Connection, table: str) -> Relay:
     ``broker``; ValueError when those sessions are not bound to an engine."""
     engine = inbox_engine(inbox._session_factory, inbox.table.insert())
     if engine is None:
-        raise ValueError(
+        raise ConfigurationError(
             "--relay needs the inbox's session factory bound to an engine "
             "(sessionmaker(engine)): the relay sends from that database"
         )

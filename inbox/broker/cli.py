@@ -47,7 +47,7 @@ from inbox.core._startup import (
 )
 from inbox.delivery.codec import JSON
 from inbox.delivery.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
-from inbox.errors import SessionConfigurationError, UnsupportedDialect
+from inbox.errors import ConfigurationError, SessionConfigurationError, UnsupportedDialect
 
 __all__ = [
     "EXIT_BROKER_ERROR",
@@ -175,25 +175,27 @@ def load_inbox(target: str) -> Inbox:
     names, or that a zero-argument factory there returns. Raises ``ValueError`` otherwise."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"expected MODULE:ATTRIBUTE, got {target!r}")
+        raise ConfigurationError(f"expected MODULE:ATTRIBUTE, got {target!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         found: object = importlib.import_module(module_name)
     except Exception as exc:
-        raise ValueError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     for part in attribute.split("."):
         try:
             found = getattr(found, part)
         except AttributeError:
-            raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
+            raise ConfigurationError(f"{module_name!r} has no attribute {attribute!r}") from None
     if not isinstance(found, Inbox) and callable(found):
         try:
             found = found()
         except Exception as exc:
-            raise ValueError(f"{target}() raised {type(exc).__name__}: {exc}") from exc
+            raise ConfigurationError(f"{target}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(found, Inbox):
-        raise ValueError(f"{target} is a {type(found).__name__}, not an inbox.Inbox")
+        raise ConfigurationError(f"{target} is a {type(found).__name__}, not an inbox.Inbox")
     return found
 
 
@@ -205,7 +207,7 @@ def worker_main(argv: Sequence[str] | None = None, *, stderr: TextIO | None = No
         args = parser.parse_args(argv)
         broker = args.broker or os.environ.get(BROKER_URL_ENV)
         if not broker:
-            raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
+            raise ConfigurationError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
         configure_logging(args.log_level, args.tracebacks, err, args.log_format)
         connection = broker_connection(broker)
         inbox = load_inbox(args.target)

@@ -25,7 +25,7 @@ from kombu.messaging import Producer
 
 from inbox._amqp.connections import confirming_connection
 from inbox.broker._observe import traced_publish
-from inbox.errors import PublishError
+from inbox.errors import ConfigurationError, PublishError
 from inbox.message import Message
 from inbox.outbox._arguments import outgoing
 
@@ -56,9 +56,9 @@ class Publisher:
         confirm_timeout: float = 30.0,
     ) -> None:
         if not isinstance(exchange, str):
-            raise TypeError(f"exchange must be a str, got {type(exchange).__name__}")
+            raise ConfigurationError(f"exchange must be a str, got {type(exchange).__name__}")
         if confirm_timeout <= 0:
-            raise ValueError(f"confirm_timeout must be positive, got {confirm_timeout}")
+            raise ConfigurationError(f"confirm_timeout must be positive, got {confirm_timeout}")
         self.connection = confirming_connection(broker)
         self.exchange = exchange
         self.routing_key = routing_key
@@ -121,7 +121,9 @@ class Publisher:
     ) -> None:
         """Publish an existing :class:`inbox.Message` under its own id (a re-send)."""
         if not isinstance(message, Message):
-            raise TypeError(f"publish_message() takes an inbox.Message, got {_name(message)}")
+            raise ConfigurationError(
+                f"publish_message() takes an inbox.Message, got {_name(message)}"
+            )
         self.publish(
             message.type,
             message.body,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from sqlalchemy.orm import Session
 
 from inbox.core._handlers import HandlerFunc, is_coroutine_callable
-from inbox.errors import RegistrationError
+from inbox.errors import ConfigurationError, RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult
 
@@ -57,11 +57,13 @@ def check_layers(layers: object, option: str, *, asynchronous: bool) -> tuple[An
     if layers is None:
         return ()
     if isinstance(layers, str | bytes) or not isinstance(layers, Iterable):
-        raise TypeError(f"{option} must be a list of callables, got {type(layers).__name__}")
+        raise ConfigurationError(
+            f"{option} must be a list of callables, got {type(layers).__name__}"
+        )
     checked = tuple(layers)
     for layer in checked:
         if not callable(layer):
-            raise TypeError(f"{option} items must be callable, got {type(layer).__name__}")
+            raise ConfigurationError(f"{option} items must be callable, got {type(layer).__name__}")
         if asynchronous and not is_coroutine_callable(layer):
             raise RegistrationError(
                 f"{option} item {layer!r} is not a coroutine function: the async inbox awaits "
@@ -119,7 +121,7 @@ async def _await_hook(
 
 def _checked(hook: Any, returned: object) -> ProcessResult:
     if not isinstance(returned, ProcessResult):
-        raise TypeError(
+        raise ConfigurationError(
             f"around_delivery hook {hook!r} returned {type(returned).__name__}: it must return "
             "what call_next(message) returned (or raise)"
         )

@@ -28,7 +28,7 @@ from inbox.core._handlers import (
 )
 from inbox.core._retry import Backoff
 from inbox.core._routing import Planned, plan
-from inbox.errors import RegistrationError
+from inbox.errors import ConfigurationError, RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult, Unhandled
 from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
@@ -61,7 +61,7 @@ class InboxBase(abc.ABC, Generic[S]):
         around_delivery: Iterable[Any] | None = None,
     ) -> None:
         if (session_factory is None) == (sessions_for is None):
-            raise TypeError(
+            raise ConfigurationError(
                 "give exactly one of session_factory (e.g. "
                 f"{self._EXAMPLE_FACTORY}) and sessions_for= (a function of the message)"
             )
@@ -70,14 +70,14 @@ class InboxBase(abc.ABC, Generic[S]):
             ("sessions_for", sessions_for),
         ):
             if factory is not None and not callable(factory):
-                raise TypeError(
+                raise ConfigurationError(
                     f"{option} must be callable (e.g. {self._EXAMPLE_FACTORY}), "
                     f"got {type(factory).__name__}"
                 )
         if isinstance(transient_retries, bool) or not isinstance(transient_retries, int):
-            raise TypeError("transient_retries must be an int")
+            raise ConfigurationError("transient_retries must be an int")
         if transient_retries < 0:
-            raise ValueError(f"transient_retries must be >= 0, got {transient_retries}")
+            raise ConfigurationError(f"transient_retries must be >= 0, got {transient_retries}")
         self._session_factory = session_factory
         self._sessions_for = sessions_for
         asynchronous = self._ASYNCHRONOUS

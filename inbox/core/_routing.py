@@ -11,6 +11,7 @@ from typing import Final
 from inbox.core._bodies import BodyRejected
 from inbox.core._handlers import RegisteredHandler, Registry
 from inbox.errors import (
+    ConfigurationError,
     InvalidBody,
     SessionConfigurationError,
     UnhandledMessage,
@@ -40,12 +41,14 @@ class Planned:
 def require_messages(messages: object, method: str) -> Sequence[Message]:
     """Return ``messages`` if it is a sequence of :class:`~inbox.Message`, else TypeError."""
     if isinstance(messages, Message) or not isinstance(messages, Sequence):
-        raise TypeError(
+        raise ConfigurationError(
             f"{method}() takes a sequence of inbox.Message, got {type(messages).__name__}"
         )
     for message in messages:
         if not isinstance(message, Message):
-            raise TypeError(f"{method}() takes inbox.Message items, got {type(message).__name__}")
+            raise ConfigurationError(
+                f"{method}() takes inbox.Message items, got {type(message).__name__}"
+            )
     return messages
 
 
@@ -58,7 +61,7 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
     when a body does not validate as a handler's ``body=`` type: then nothing runs at all.
     """
     if not isinstance(message, Message):
-        raise TypeError(f"process() takes an inbox.Message, got {type(message).__name__}")
+        raise ConfigurationError(f"process() takes an inbox.Message, got {type(message).__name__}")
     handlers: Sequence[RegisteredHandler] = registry.for_type(message.type)
     if not handlers:
         if on_unhandled is Unhandled.RAISE:

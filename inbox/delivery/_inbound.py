@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
 from inbox.delivery._policy import DeadLetter, DeadLetterReason
-from inbox.delivery.codec import UndecodableBody, decode_body
-from inbox.errors import InvalidMessage
+from inbox.delivery.codec import decode_body
+from inbox.errors import InvalidMessage, UndecodableBody
 from inbox.message import Message, parse_message_id
 
 UNREADABLE: Final = "x-inbox-unreadable"
@@ -73,7 +73,7 @@ class _Decompressor(Protocol):
     def eof(self) -> bool: ...
 
 
-class _TooLarge(ValueError):
+class _TooLarge(UndecodableBody):
     pass
 
 
@@ -91,11 +91,12 @@ def _decompressor(name: str) -> _Decompressor | None:
 def decompress(data: bytes, compression: str, limit: int = MAX_BODY_BYTES) -> bytes:
     """``data`` decompressed, never holding more than ``limit`` bytes of output.
 
-    Raises ``_TooLarge`` past the limit, ``ValueError`` for an unknown method or bad data.
+    Raises ``_TooLarge`` past the limit, :class:`~inbox.errors.UndecodableBody` for an unknown
+    method or bad data.
     """
     decompressor = _decompressor(compression)
     if decompressor is None:
-        raise ValueError(f"unsupported compression {compression!r} (zlib, bz2, lzma)")
+        raise UndecodableBody(f"unsupported compression {compression!r} (zlib, bz2, lzma)")
     out = bytearray()
     pending = data
     try:
@@ -108,9 +109,9 @@ def decompress(data: bytes, compression: str, limit: int = MAX_BODY_BYTES) -> by
             if decompressor.eof or (not chunk and not pending):
                 break
     except (zlib.error, OSError, lzma.LZMAError, EOFError) as exc:
-        raise ValueError(f"cannot decompress ({compression!r}): {exc}") from exc
+        raise UndecodableBody(f"cannot decompress ({compression!r}): {exc}") from exc
     if not decompressor.eof:
-        raise ValueError(f"cannot decompress ({compression!r}): the stream is truncated")
+        raise UndecodableBody(f"cannot decompress ({compression!r}): the stream is truncated")
     return bytes(out)
 
 
@@ -192,7 +193,7 @@ def read_message(
             data = decompress(data, compression)
         except _TooLarge as exc:
             return DeadLetter(DeadLetterReason.BODY_TOO_LARGE, str(exc))
-        except ValueError as exc:
+        except UndecodableBody as exc:
             return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, str(exc))
     try:
         body = decode_body(data, content_type, content_encoding, default_content_type)

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from inbox.errors import UndecodableBody
+
 __all__ = ["BINARY", "JSON", "UndecodableBody", "decode_body"]
 
 JSON: Final = "application/json"
 """The content type of a JSON body."""
 BINARY: Final = "application/octet-stream"
 """The content type of a body sent as the raw bytes it is."""
-
-
-class UndecodableBody(ValueError):
-    """The body does not decode under its content type (or the worker's default)."""
 
 
 def decode_body(

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from inbox.errors import ConfigurationError
+
 DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
 DEFAULT_MAX_TRIES: Final = 4
 _MAX_QUEUE_NAME_BYTES: Final = 255
@@ -52,17 +54,21 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int):
-            raise TypeError(f"max_tries must be an int, got {type(self.max_tries).__name__}")
+            raise ConfigurationError(
+                f"max_tries must be an int, got {type(self.max_tries).__name__}"
+            )
         if self.max_tries < 1:
-            raise ValueError(f"max_tries must be at least 1, got {self.max_tries}")
+            raise ConfigurationError(f"max_tries must be at least 1, got {self.max_tries}")
         delays = tuple(self.delays)
         for delay in delays:
             if isinstance(delay, bool) or not isinstance(delay, int | float):
-                raise TypeError(f"retry delays must be numbers of seconds, got {delay!r}")
+                raise ConfigurationError(f"retry delays must be numbers of seconds, got {delay!r}")
             if not math.isfinite(delay) or delay < 0.001:
-                raise ValueError(f"retry delays must be finite and at least 0.001 s, got {delay}")
+                raise ConfigurationError(
+                    f"retry delays must be finite and at least 0.001 s, got {delay}"
+                )
         if self.max_tries > 1 and not delays:
-            raise ValueError("max_tries > 1 needs at least one retry delay")
+            raise ConfigurationError("max_tries > 1 needs at least one retry delay")
         object.__setattr__(self, "delays", delays)
 
     def exhausted(self, tries: int) -> bool:
@@ -93,18 +99,20 @@ class QueueTopology:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or self.name != self.name.strip():
-            raise ValueError(
+            raise ConfigurationError(
                 f"queue name must be a non-empty string without edge spaces: {self.name!r}"
             )
         if self.name.startswith("amq."):
-            raise ValueError(f"queue names starting with 'amq.' are reserved: {self.name!r}")
+            raise ConfigurationError(
+                f"queue names starting with 'amq.' are reserved: {self.name!r}"
+            )
         object.__setattr__(self, "queue_type", QueueType(self.queue_type))
         longest = max(
             (self.retry_queue(ms) for ms in self.retry.used_delays_ms()), key=len, default=""
         )
         for name in (self.dead_letter_queue, longest):
             if len(name.encode("utf-8")) > _MAX_QUEUE_NAME_BYTES:
-                raise ValueError(f"queue name {name!r} is longer than 255 bytes")
+                raise ConfigurationError(f"queue name {name!r} is longer than 255 bytes")
 
     @property
     def dead_letter_queue(self) -> str:

@@ -36,19 +36,15 @@ from inbox.delivery._policy import (
 )
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.topology import RetryPolicy
-from inbox.errors import HandlerFailed
+from inbox.errors import ConfigurationError, CopyRefused, HandlerFailed
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 
-__all__ = ["Inbound", "InboxEdge", "Refused", "Transport"]
+__all__ = ["Inbound", "InboxEdge", "Transport"]
 
 logger = logging.getLogger("inbox.faststream")
 
 _MAX_REFUSAL_WAIT: Final = 30.0
-
-
-class Refused(Exception):
-    """The broker did not take a copy (nacked, returned unroutable, or not confirmed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +81,7 @@ class Transport(ABC):
     @abstractmethod
     async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
         """Send the delivery to ``target`` with ``headers`` (all of them: its own and the
-        inbox's), confirmed by the broker; raise :class:`Refused` when it was not taken."""
+        inbox's), confirmed by the broker; raise :class:`CopyRefused` when it was not taken."""
 
     def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
         """Whether the copy of the delivery with ``headers`` is one the broker can take
@@ -111,11 +107,11 @@ class InboxEdge:
         default_content_type: str | None,
     ) -> None:
         if not isinstance(inbox, AsyncInbox):
-            raise TypeError(
+            raise ConfigurationError(
                 f"the FastStream edge runs an inbox.aio.AsyncInbox, got {type(inbox).__name__}"
             )
         if not isinstance(policy, RetryPolicy):
-            raise TypeError(f"retry must be an inbox.broker.RetryPolicy, got {policy!r}")
+            raise ConfigurationError(f"retry must be an inbox.broker.RetryPolicy, got {policy!r}")
         self.inbox = inbox
         self.transport = transport
         self.policy = policy
@@ -240,7 +236,7 @@ class InboxEdge:
             try:
                 await self._prepare()
                 await self.transport.copy(msg, target, headers)
-            except Refused as refused:
+            except CopyRefused as refused:
                 if not self.transport.settleable(msg):
                     logger.error(
                         "message %s: its channel is gone; the broker gives it back", msg.message_id
@@ -287,7 +283,7 @@ class InboxEdge:
                 try:
                     await self.transport.prepare()
                 except Exception as exc:  # a queue the broker would not declare: no copy yet
-                    raise Refused(f"declaring the queues: {type(exc).__name__}: {exc}") from exc
+                    raise CopyRefused(f"declaring the queues: {type(exc).__name__}: {exc}") from exc
                 self._prepared = True
 
     async def _ack(self, msg: StreamMessage[Any]) -> None:

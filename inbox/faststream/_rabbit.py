@@ -27,7 +27,8 @@ from pamqp.header import ContentHeader
 
 from inbox.aio import AsyncInbox
 from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
-from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport, logger
+from inbox.errors import CopyRefused
+from inbox.faststream._edge import Inbound, InboxEdge, Transport, logger
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_rabbit"]
@@ -179,16 +180,16 @@ class _RabbitTransport(Transport):
         try:
             confirmed = await publish(mandatory=True, timeout=self.timeout)
         except DeliveryError as exc:
-            raise Refused(f"nacked by the broker: {exc}") from exc
+            raise CopyRefused(f"nacked by the broker: {exc}") from exc
         except TimeoutError as exc:
-            raise Refused(f"no publisher confirm within {self.timeout:g} s") from exc
+            raise CopyRefused(f"no publisher confirm within {self.timeout:g} s") from exc
         except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+            raise CopyRefused(f"{type(exc).__name__}: {exc}") from exc
         if isinstance(confirmed, aiormq.spec.Basic.Ack):
             return
         if confirmed is None:
-            raise Refused("not confirmed: the broker's channel has publisher confirms off")
-        raise Refused(f"no queue {target!r}: returned unroutable")
+            raise CopyRefused("not confirmed: the broker's channel has publisher confirms off")
+        raise CopyRefused(f"no queue {target!r}: returned unroutable")
 
     def settleable(self, msg: StreamMessage[Any]) -> bool:
         channel = getattr(msg.raw_message, "channel", None)

@@ -20,7 +20,8 @@ from redis.exceptions import RedisError
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
 from inbox.delivery.topology import RetryPolicy
-from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
+from inbox.errors import ConfigurationError, CopyRefused
+from inbox.faststream._edge import Inbound, InboxEdge, Transport
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_redis_stream"]
@@ -44,25 +45,27 @@ def subscribe_redis_stream(
     ``<stream>.dlq``. Up to ``max_workers`` entries are processed at once; a held retry
     occupies one of them for its delay.
 
-    Refused: a ``StreamSub`` without a consumer group (nothing would be pending, so nothing
+    CopyRefused: a ``StreamSub`` without a consumer group (nothing would be pending, so nothing
     held by a crashed consumer could be delivered again), with ``no_ack`` (entries would be
     acked before the inbox committed) or with ``batch``.
     """
     if not isinstance(stream, StreamSub):
-        raise TypeError(f"stream must be a faststream.redis.StreamSub, got {stream!r}")
+        raise ConfigurationError(f"stream must be a faststream.redis.StreamSub, got {stream!r}")
     if not stream.group:
-        raise ValueError(
+        raise ConfigurationError(
             f"stream {stream.name!r}: the inbox needs a consumer group (StreamSub(..., "
             "group=..., consumer=...)); without one Redis acks nothing and a crashed "
             "consumer's entries are lost"
         )
     if stream.no_ack:
-        raise ValueError(
+        raise ConfigurationError(
             f"stream {stream.name!r}: no_ack=True acks each entry as it is read, before the "
             "inbox commits; the inbox acks after the commit"
         )
     if stream.batch:
-        raise ValueError(f"stream {stream.name!r}: batch=True is not supported by the inbox edge")
+        raise ConfigurationError(
+            f"stream {stream.name!r}: batch=True is not supported by the inbox edge"
+        )
     check_positive("max_workers", max_workers)
     policy = retry or RetryPolicy()
     edge = InboxEdge(
@@ -120,7 +123,7 @@ class _RedisTransport(Transport):
                 msg.body, stream=target, headers=headers, correlation_id=correlation_id
             )
         except (RedisError, ConnectionError, TimeoutError) as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+            raise CopyRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def settleable(self, msg: StreamMessage[Any]) -> bool:
         return True  # an entry stays pending in its group until XACKed, whatever the connection

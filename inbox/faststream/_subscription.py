@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inbox.delivery._stats import WorkerStats
+from inbox.errors import ConfigurationError
 from inbox.faststream._edge import InboxEdge
 
 __all__ = ["InboxSubscription", "check_positive"]
@@ -35,4 +36,4 @@ class InboxSubscription:
 def check_positive(name: str, value: object) -> None:
     """Refuse an option that must be a positive number."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a positive number, got {value!r}")

@@ -133,7 +133,7 @@ def headers_from_json(text: str) -> dict[str, Any]:
     try:
         decoded = json.loads(text)
         if not isinstance(decoded, dict):
-            raise TypeError(f"a JSON object was expected, got {type(decoded).__name__}")
+            raise InvalidMessage(f"a JSON object was expected, got {type(decoded).__name__}")
         return {name: _decode(value) for name, value in decoded.items()}
     except (
         ValueError,
@@ -143,7 +143,9 @@ def headers_from_json(text: str) -> dict[str, Any]:
         ArithmeticError,
         RecursionError,
     ) as exc:
-        raise ValueError(f"stored headers are not readable: {type(exc).__name__}: {exc}") from exc
+        raise InvalidMessage(
+            f"stored headers are not readable: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _encode(value: Any) -> Any:

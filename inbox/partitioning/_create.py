@@ -6,6 +6,7 @@ import datetime as dt
 
 from sqlalchemy import Connection, Engine, MetaData, Table
 
+from inbox.errors import ConfigurationError
 from inbox.partitioning._catalog import read_partitions
 from inbox.partitioning._ddl import Ddl
 from inbox.partitioning._ids import KEYS_BOUND, LAST_DAY, date_of, day_name, day_ranges, id_floor
@@ -48,10 +49,12 @@ def create_partitioned_table(
     today = today_of(now)
     first = today if start is None else start
     if isinstance(first, dt.datetime) or not isinstance(first, dt.date):
-        raise TypeError(f"start must be a datetime.date, got {type(first).__name__}")
+        raise ConfigurationError(f"start must be a datetime.date, got {type(first).__name__}")
     horizon = today + dt.timedelta(days=days_ahead + 1)
     if not first < horizon < LAST_DAY:
-        raise ValueError(f"start must be before {horizon} and the horizon before {LAST_DAY}")
+        raise ConfigurationError(
+            f"start must be before {horizon} and the horizon before {LAST_DAY}"
+        )
 
     parent = inbox_table.to_metadata(MetaData())
     parent.dialect_kwargs["postgresql_partition_by"] = "RANGE (message_id)"
@@ -92,7 +95,7 @@ def ensure_partitions(
         check_whole(interval_days, "interval_days", 1)
     horizon = today_of(now) + dt.timedelta(days=days_ahead + 1)
     if horizon >= LAST_DAY:
-        raise ValueError(f"days_ahead reaches past {LAST_DAY}")
+        raise ConfigurationError(f"days_ahead reaches past {LAST_DAY}")
     with engine.connect() as connection:
         future = future_of(read_partitions(connection, inbox_table), inbox_table)
         if future.lower >= id_floor(horizon):

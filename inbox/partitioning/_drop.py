@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import DBAPIError
 
+from inbox.errors import ConfigurationError
 from inbox.partitioning._catalog import (
     UNDEFINED_TABLE,
     detached_day_tables,
@@ -71,7 +72,7 @@ def drop_partitions(
     """
     inbox_table = partitionable(engine, table)
     if isinstance(hold_seconds, bool) or not isinstance(hold_seconds, int | float):
-        raise TypeError("hold_seconds must be a number of seconds")
+        raise ConfigurationError("hold_seconds must be a number of seconds")
     dropped = _sweep_leftovers(engine, inbox_table)
     candidates = dict.fromkeys(_expired_partitions(engine, inbox_table, partitions, cutoff))
 

@@ -7,6 +7,8 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Final
 
+from inbox.errors import ConfigurationError
+
 __all__ = [
     "KEYS_BOUND",
     "LAST_DAY",
@@ -37,10 +39,10 @@ def id_floor(moment: dt.datetime | dt.date) -> bytes:
     if not isinstance(moment, dt.datetime):
         moment = dt.datetime.combine(moment, dt.time(), tzinfo=dt.UTC)
     if moment.tzinfo is None:
-        raise ValueError("moment must be timezone-aware")
+        raise ConfigurationError("moment must be timezone-aware")
     milliseconds = (moment - _EPOCH) // _MILLISECOND
     if not 0 <= milliseconds < 2**48:
-        raise ValueError(f"{moment.isoformat()} is outside the UUIDv7 time range")
+        raise ConfigurationError(f"{moment.isoformat()} is outside the UUIDv7 time range")
     return milliseconds.to_bytes(6, "big") + bytes(10)
 
 
@@ -77,5 +79,5 @@ def today(now: dt.datetime | None) -> dt.date:
     """The UTC day of ``now`` (default: the current time)."""
     moment = dt.datetime.now(dt.UTC) if now is None else now
     if moment.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
+        raise ConfigurationError("now must be timezone-aware")
     return moment.astimezone(dt.UTC).date()

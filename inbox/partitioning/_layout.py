@@ -8,7 +8,7 @@ from typing import Final
 
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table
 
-from inbox.errors import InboxError, UnsupportedDialect
+from inbox.errors import ConfigurationError, InboxError, UnsupportedDialect
 from inbox.partitioning._ids import date_of
 from inbox.schema import BinaryUUID, UTCDateTime, resolve_table
 
@@ -91,7 +91,7 @@ def partitionable(bind: Engine | Connection, table: str | Table) -> Table:
     if bind.dialect.name != "postgresql":
         raise UnsupportedDialect(f"inbox partitioning needs PostgreSQL, not {bind.dialect.name!r}")
     if len(inbox_table.name) > MAX_TABLE_NAME_LENGTH:
-        raise ValueError(
+        raise ConfigurationError(
             f"a partitioned inbox table's name must be at most {MAX_TABLE_NAME_LENGTH} "
             f"characters (its partitions add {_DAY_SUFFIX_LENGTH}), got {inbox_table.name!r}"
         )
@@ -101,9 +101,9 @@ def partitionable(bind: Engine | Connection, table: str | Table) -> Table:
 def check_whole(value: object, label: str, low: int) -> None:
     """Refuse ``value`` unless it is a whole number of at least ``low``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{label} must be a whole number, got {type(value).__name__}")
+        raise ConfigurationError(f"{label} must be a whole number, got {type(value).__name__}")
     if value < low:
-        raise ValueError(f"{label} must be at least {low}, got {value}")
+        raise ConfigurationError(f"{label} must be at least {low}, got {value}")
 
 
 def future_of(partitions: list[Partition], table: Table) -> Future:

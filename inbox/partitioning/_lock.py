@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import DBAPIError
 
 from inbox.core._retry import Backoff, run_with_retries
+from inbox.errors import ConfigurationError
 from inbox.partitioning._catalog import sqlstate
 from inbox.partitioning._ddl import LockTable
 
@@ -41,9 +42,11 @@ def locked(
     (waiting at most ``lock_timeout`` seconds for any lock), up to ``attempts`` times while
     the lock is not granted in time; then the lock error propagates."""
     if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float):
-        raise TypeError("lock_timeout must be a number of seconds")
+        raise ConfigurationError("lock_timeout must be a number of seconds")
     if not 0 < lock_timeout <= 3600:
-        raise ValueError(f"lock_timeout must be > 0 and at most 3600 seconds, got {lock_timeout}")
+        raise ConfigurationError(
+            f"lock_timeout must be > 0 and at most 3600 seconds, got {lock_timeout}"
+        )
     milliseconds = str(max(1, round(lock_timeout * 1000)))
 
     def attempt() -> _R:

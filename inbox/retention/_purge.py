@@ -12,6 +12,7 @@ from typing import Final
 
 from sqlalchemy import URL, Engine, Table, create_engine
 
+from inbox.errors import ConfigurationError
 from inbox.partitioning._catalog import is_partitioned, list_partitions
 from inbox.partitioning._drop import drop_partitions
 from inbox.partitioning._ids import first_id_at
@@ -73,16 +74,18 @@ class CleanupReport:
 def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime:
     """Return ``now - days``: claims processed strictly before it are past retention."""
     if isinstance(days, bool) or not isinstance(days, int):
-        raise TypeError(f"days must be a whole number, got {type(days).__name__}")
+        raise ConfigurationError(f"days must be a whole number, got {type(days).__name__}")
     if days < 1:
-        raise ValueError(f"days must be at least 1, got {days}")
+        raise ConfigurationError(f"days must be at least 1, got {days}")
     now = dt.datetime.now(dt.UTC) if now is None else now
     if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
+        raise ConfigurationError("now must be timezone-aware")
     try:
         return now - dt.timedelta(days=days)
     except OverflowError:
-        raise ValueError(f"days={days} reaches before year 1; use a smaller window") from None
+        raise ConfigurationError(
+            f"days={days} reaches before year 1; use a smaller window"
+        ) from None
 
 
 def cleanup(
@@ -164,18 +167,24 @@ def cleanup(
 def _check_batching(batch_size: int | None, batch_seconds: float, pause_seconds: float) -> None:
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(f"batch_size must be a whole number, got {type(batch_size).__name__}")
+            raise ConfigurationError(
+                f"batch_size must be a whole number, got {type(batch_size).__name__}"
+            )
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
-            raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}")
+            raise ConfigurationError(
+                f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}"
+            )
     _check_seconds("batch_seconds", batch_seconds, MIN_BATCH_SECONDS)
     _check_seconds("pause_seconds", pause_seconds, 0.0)
 
 
 def _check_seconds(name: str, value: float, least: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        raise ConfigurationError(f"{name} must be a number, got {type(value).__name__}")
     if not (math.isfinite(value) and least <= value <= MAX_BATCH_SECONDS):
-        raise ValueError(f"{name} must be between {least} and {MAX_BATCH_SECONDS}, got {value}")
+        raise ConfigurationError(
+            f"{name} must be between {least} and {MAX_BATCH_SECONDS}, got {value}"
+        )
 
 
 def _cleanup_partitioned(

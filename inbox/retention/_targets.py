@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, Table, text
 
+from inbox.errors import ConfigurationError
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, resolve_table
 
 __all__ = ["Target", "schemas_holding", "targets_for"]
@@ -54,7 +55,9 @@ def schemas_holding(engine: Engine, table: str) -> list[str]:
     named ``table``; ValueError on SQLite, which has none."""
     dialect = engine.dialect.name
     if dialect == "sqlite":
-        raise ValueError("--all-schemas needs PostgreSQL or MariaDB/MySQL (SQLite has no schemas)")
+        raise ConfigurationError(
+            "--all-schemas needs PostgreSQL or MariaDB/MySQL (SQLite has no schemas)"
+        )
     query = _FIND_PG_SCHEMAS if dialect == "postgresql" else _FIND_SCHEMAS
     with engine.connect() as connection:
         return [str(schema) for schema in connection.execute(query, {"name": table}).scalars()]

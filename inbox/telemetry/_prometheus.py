@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from inbox.errors import InboxError
 from inbox.telemetry._api import refresh
 
 __all__ = ["Exposition", "MissingExtra", "prometheus_exposition"]
@@ -17,7 +18,7 @@ Exposition = Callable[[], tuple[bytes, str]]
 """Renders the metrics now: (body, content type)."""
 
 
-class MissingExtra(ImportError):
+class MissingExtra(InboxError, ImportError):
     """A feature needs the ``otel`` extra, which is not installed."""
 
 

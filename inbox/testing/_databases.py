@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateSchema, DropSchema
 
+from inbox.errors import ConfigurationError
 from inbox.schema import metadata as inbox_metadata
 
 __all__ = ["DATABASE_URL_ENV", "ThrowawayDatabase", "server_url_of", "throwaway_database"]
@@ -89,7 +90,7 @@ def server_url_of(server_url: str | URL) -> URL:
     ValueError unless it names a PostgreSQL, MariaDB or MySQL server."""
     url = server_url if isinstance(server_url, URL) else _parsed(server_url)
     if url.get_backend_name() not in _SERVERS:
-        raise ValueError(
+        raise ConfigurationError(
             f"{DATABASE_URL_ENV}: the fixtures create databases on {', '.join(_SERVERS)} "
             f"servers (SQLite is the default without a URL), got {url.get_backend_name()!r}"
         )
@@ -100,7 +101,7 @@ def _parsed(server_url: str) -> URL:
     try:
         url = make_url(server_url)
     except Exception as exc:
-        raise ValueError(f"{DATABASE_URL_ENV}: not a database URL ({exc})") from None
+        raise ConfigurationError(f"{DATABASE_URL_ENV}: not a database URL ({exc})") from None
     return url
 
 

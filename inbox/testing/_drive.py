@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 
 from inbox.core import Inbox
+from inbox.errors import ConfigurationError
 from inbox.message import Message
 from inbox.testing._scenarios import Deliver, OnDatabase, SimulatedCrash, raising_after
 
@@ -100,7 +101,7 @@ async def async_engines_of(inbox: AsyncInbox) -> list[AsyncEngine]:
 
 def _factory_of(inbox: Inbox | AsyncInbox) -> Callable[[], Any]:
     if inbox._session_factory is None:
-        raise TypeError(
+        raise ConfigurationError(
             "assert_idempotent needs an inbox made with a session_factory; one made with "
             "sessions_for= (tenants) has no one database to snapshot: test it with an inbox "
             "for one tenant's sessionmaker"

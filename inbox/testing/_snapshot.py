@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import DDL, Connection, MetaData, Table, delete, func, insert, select, text
 
+from inbox.errors import ConfigurationError
+
 __all__ = ["Database", "Rows", "Snapshot"]
 
 Rows = Counter[tuple[Hashable, ...]]
@@ -46,7 +48,7 @@ class Database:
         table = self.metadata.tables.get(name)
         if table is None:
             known = ", ".join(sorted(self.metadata.tables)) or "none"
-            raise ValueError(f"no table {name!r} in the test database (tables: {known})")
+            raise ConfigurationError(f"no table {name!r} in the test database (tables: {known})")
         return table
 
     def rows(self, snapshot: Snapshot, name: str, ignored: Iterable[str]) -> tuple[list[str], Rows]:

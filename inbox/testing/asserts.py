@@ -21,6 +21,7 @@ from sqlalchemy import Table
 
 from inbox.core import Inbox
 from inbox.core._registration import InboxBase
+from inbox.errors import ConfigurationError, InboxError
 from inbox.message import Message
 from inbox.schema import outbox_message
 from inbox.testing._drive import async_engines_of, drive, drive_async, engines_of
@@ -36,7 +37,7 @@ __all__ = ["NotIdempotent", "assert_idempotent", "assert_idempotent_async"]
 _ROWS_SHOWN: Final = 10
 
 
-class NotIdempotent(AssertionError):
+class NotIdempotent(InboxError, AssertionError):
     """A redelivery left the database different from one clean run of the message."""
 
 
@@ -70,7 +71,7 @@ def assert_idempotent(
     """
     __tracebackhide__ = True
     if not isinstance(inbox, Inbox):
-        raise TypeError(
+        raise ConfigurationError(
             f"assert_idempotent() takes an inbox.Inbox, got {type(inbox).__name__} "
             "(for an AsyncInbox: await assert_idempotent_async(...))"
         )
@@ -91,7 +92,7 @@ async def assert_idempotent_async(
     from inbox.aio import AsyncInbox
 
     if not isinstance(inbox, AsyncInbox):
-        raise TypeError(
+        raise ConfigurationError(
             f"assert_idempotent_async() takes an inbox.aio.AsyncInbox, got "
             f"{type(inbox).__name__} (for an Inbox: assert_idempotent(...))"
         )
@@ -103,9 +104,11 @@ async def assert_idempotent_async(
 
 def _check(inbox: InboxBase[Any], message: object) -> None:
     if not isinstance(message, Message):
-        raise TypeError(f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}")
+        raise ConfigurationError(
+            f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}"
+        )
     if not inbox._registry.for_type(message.type):
-        raise ValueError(
+        raise ConfigurationError(
             f"no handler of this inbox takes messages of type {message.type!r}: nothing to check"
         )
 
@@ -208,7 +211,7 @@ def _compared(
 ) -> dict[str, list[str]]:
     """Table name → the columns left out of its comparison; ValueError for a bad name."""
     if isinstance(tables, str) or not tables:
-        raise ValueError("tables= takes a non-empty list of table names or Table objects")
+        raise ConfigurationError("tables= takes a non-empty list of table names or Table objects")
     names = [t.key if isinstance(t, Table) else t for t in tables]
     compared: dict[str, list[str]] = {
         database.table(name).key: _set_per_publish(database.table(name)) for name in names
@@ -216,12 +219,12 @@ def _compared(
     for column in ignore_columns:
         table, dot, name = column.rpartition(".")
         if not dot or table not in compared:
-            raise ValueError(
+            raise ConfigurationError(
                 f"ignore_columns: {column!r} is not 'table.column' for one of the compared "
                 f"tables ({', '.join(compared)})"
             )
         if name not in database.table(table).columns:
-            raise ValueError(f"ignore_columns: table {table!r} has no column {name!r}")
+            raise ConfigurationError(f"ignore_columns: table {table!r} has no column {name!r}")
         if name not in compared[table]:
             compared[table].append(name)
     return compared

@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
+from inbox.errors import ConfigurationError
+
 __all__ = ["FakeProvider", "FakeProviderError", "live_providers"]
 
 _LIVE: weakref.WeakSet[FakeProvider] = weakref.WeakSet()
@@ -51,7 +53,7 @@ class FakeProvider:
         """Make the fake call under ``key``: the effect's idempotency key (a UUID), or what
         a direct call passes (any hashable value, or nothing)."""
         if not isinstance(key, Hashable):
-            raise TypeError(f"FakeProvider needs a hashable key, got {type(key).__name__}")
+            raise ConfigurationError(f"FakeProvider needs a hashable key, got {type(key).__name__}")
         with self._lock:
             self.calls[key] += 1
             failure = self._failures.pop(0) if self._failures else None
@@ -82,7 +84,7 @@ class FakeProvider:
         seconds and then raise TimeoutError."""
         _check_times(times)
         if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+            raise ConfigurationError(f"timeout must be positive, got {timeout!r}")
         with self._lock:
             self._released.clear()
             self._hangs.extend([timeout] * times)
@@ -113,4 +115,4 @@ def live_providers() -> list[FakeProvider]:
 
 def _check_times(times: int) -> None:
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-        raise ValueError(f"times must be a positive int, got {times!r}")
+        raise ConfigurationError(f"times must be a positive int, got {times!r}")

@@ -30,6 +30,8 @@ from types import TracebackType
 
 from sqlalchemy.engine import URL, make_url
 
+from inbox.errors import ConfigurationError
+
 __all__ = ["RoundTripCounter"]
 
 _CHUNK = 65536
@@ -42,7 +44,7 @@ class RoundTripCounter:
 
     def __init__(self, host: str, port: int, *, latency: float = 0.0) -> None:
         if latency < 0:
-            raise ValueError(f"latency must be >= 0 seconds, not {latency!r}")
+            raise ConfigurationError(f"latency must be >= 0 seconds, not {latency!r}")
         self._target = (host, port)
         self._latency = latency
         self._lock = threading.Lock()

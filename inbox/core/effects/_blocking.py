@@ -42,7 +42,7 @@ from inbox.core.effects._results import (
     result_refused,
 )
 from inbox.core.effects._tenant import tenant_of
-from inbox.errors import EffectError, UnsupportedDialect
+from inbox.errors import ConfigurationError, EffectError, UnsupportedDialect
 from inbox.schema import resolve_effect_table
 
 __all__ = [
@@ -92,7 +92,7 @@ def begin_effect(
     checked_mode = parse_mode(mode)
     checked_step = validate_step(step)
     if not callable(call):
-        raise TypeError(f"effect call must be callable, got {type(call).__name__}")
+        raise ConfigurationError(f"effect call must be callable, got {type(call).__name__}")
     run = current_run(owner)
     if run.inside(checked_step):
         raise EffectError(
@@ -136,13 +136,15 @@ class Effects:
     ) -> None:
         if store is not None:
             if not isinstance(store, Engine):
-                raise TypeError(
+                raise ConfigurationError(
                     "effect_store must be a sqlalchemy Engine (create_engine(...)), got "
                     f"{type(store).__name__}"
                 )
             check_supported(store.dialect)
             if store.dialect.is_async:
-                raise TypeError("effect_store of a blocking Inbox must be a blocking Engine")
+                raise ConfigurationError(
+                    "effect_store of a blocking Inbox must be a blocking Engine"
+                )
         self._owner = owner
         self._store = store
         self._tenants = tenants

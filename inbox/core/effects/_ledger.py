@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Table, Update, bindparam, insert, select, upd
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from inbox.errors import UncertainEffect
+from inbox.errors import ConfigurationError, UncertainEffect
 from inbox.message import KEY_NAMESPACE
 from inbox.schema import HANDLER_NAME_MAX_LENGTH
 from inbox.telemetry import record_effect
@@ -83,29 +83,29 @@ def parse_mode(mode: object) -> EffectMode:
         except ValueError:
             pass
     choices = ", ".join(repr(m.value) for m in EffectMode)
-    raise ValueError(f"effect mode must be one of {choices}, got {mode!r}")
+    raise ConfigurationError(f"effect mode must be one of {choices}, got {mode!r}")
 
 
 def validate_step(step: object) -> str:
     """Return ``step`` if it can be stored as an effect step name, else raise ValueError."""
     if not isinstance(step, str):
-        raise TypeError(f"effect step must be a str, got {type(step).__name__}")
+        raise ConfigurationError(f"effect step must be a str, got {type(step).__name__}")
     if not step.strip():
-        raise ValueError("effect step must not be empty or blank")
+        raise ConfigurationError("effect step must not be empty or blank")
     if len(step) > STEP_MAX_LENGTH:
-        raise ValueError(
+        raise ConfigurationError(
             f"effect step is {len(step)} characters; the effect table holds at most "
             f"{STEP_MAX_LENGTH}"
         )
     if step != step.strip():
         # MySQL/MariaDB compare "x" and "x " as equal: two such steps would share a record.
-        raise ValueError(f"effect step {step!r} has leading or trailing whitespace")
+        raise ConfigurationError(f"effect step {step!r} has leading or trailing whitespace")
     if "\x00" in step:
-        raise ValueError("effect step must not contain NUL characters")
+        raise ConfigurationError("effect step must not contain NUL characters")
     try:
         step.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(
+        raise ConfigurationError(
             f"effect step {step!r} is not valid Unicode text (it holds a lone surrogate)"
         ) from None
     return step

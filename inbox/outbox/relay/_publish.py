@@ -22,6 +22,7 @@ from amqp.exceptions import ChannelError, FrameSyntaxError
 from kombu.connection import Connection
 
 from inbox._amqp.confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
+from inbox.errors import InboxError
 from inbox.outbox._row import OutboxRow
 from inbox.outbox.relay._refusals import error_line
 
@@ -37,7 +38,7 @@ _OTHER_PROPERTIES: Final = 4096
 _UNENCODABLE: Final = (struct.error, FrameSyntaxError, ValueError, TypeError, OverflowError)
 
 
-class BrokerLost(Exception):
+class BrokerLost(InboxError):
     """The broker connection broke; the relay reconnects."""
 
 

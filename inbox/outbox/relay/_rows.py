@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, text, update
 
+from inbox.errors import ConfigurationError
 from inbox.outbox._amqp_limits import check_headers
 from inbox.outbox._arguments import short_string
 from inbox.outbox._row import OutboxRow, row_from_mapping
@@ -35,12 +36,14 @@ def resolve_outbox_table(table: str | Table) -> Table:
     if isinstance(table, Table):
         return table
     if not isinstance(table, str):
-        raise TypeError(f"table must be a str or a sqlalchemy Table, got {type(table).__name__}")
+        raise ConfigurationError(
+            f"table must be a str or a sqlalchemy Table, got {type(table).__name__}"
+        )
     if table == DEFAULT_OUTBOX_TABLE_NAME:
         return outbox_message
     schema, dot, name = table.rpartition(".")
     if dot and not schema:
-        raise ValueError(
+        raise ConfigurationError(
             f"outbox table must be NAME or SCHEMA.NAME, each a plain identifier, got {table!r}"
         )
     return outbox_table(MetaData(), name, schema=schema or None)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, Table, func, select
 
+from inbox.errors import ConfigurationError
+
 __all__ = ["OutboxStatus", "outbox_status"]
 
 
@@ -86,5 +88,5 @@ def _aware(value: object) -> dt.datetime | None:
     if isinstance(value, str):  # SQLite returns the stored text
         value = dt.datetime.fromisoformat(value)
     if not isinstance(value, dt.datetime):
-        raise TypeError(f"expected a timestamp, got {type(value).__name__}")
+        raise ConfigurationError(f"expected a timestamp, got {type(value).__name__}")
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)

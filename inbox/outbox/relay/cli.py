@@ -35,6 +35,7 @@ from inbox._cli.logs import LOG_FORMATS, configure_logging
 from inbox._cli.signals import install_signal_handlers
 from inbox._oneline import database_error_line
 from inbox.core._startup import SchemaNotReady
+from inbox.errors import ConfigurationError
 from inbox.outbox.relay._relay import MAX_BATCH_SIZE, Relay, outbox_status
 from inbox.outbox.relay._rows import resolve_outbox_table
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
@@ -138,7 +139,7 @@ def relay_main(
             return _status(url, table, out, err)
         broker = args.broker or os.environ.get(BROKER_URL_ENV)
         if not broker:
-            raise ValueError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
+            raise ConfigurationError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
         connection = broker_connection(broker)
         relay = Relay(
             create_engine(url, pool_pre_ping=True),

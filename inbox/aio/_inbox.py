@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, TypeVar, overload
 
 from sqlalchemy import Table
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from inbox.aio._batch import AsyncBatchProcessor
 from inbox.aio._effects import AsyncEffectCall, AsyncEffects
 from inbox.aio._transaction import AsyncHandlerTransaction
-from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware, wrap_delivery
+from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware
 from inbox.core._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox.core._registration import InboxBase
 from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
@@ -24,8 +24,7 @@ from inbox.core._settlement import Failed, Pause, Run, advance, settle
 from inbox.core.effects._ledger import EffectMode
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
-from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
+from inbox.result import Outcome, ProcessResult
 
 __all__ = ["AsyncHandlerFunc", "AsyncInbox"]
 
@@ -38,7 +37,7 @@ B = TypeVar("B")  # a handler's body= type
 R = TypeVar("R")
 
 
-class AsyncInbox(InboxBase[AsyncSession]):
+class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeliveryHook]):
     """The transactional inbox for asyncio: register ``async def`` handlers, then
     ``await process()`` each delivered message.
 
@@ -61,42 +60,21 @@ class AsyncInbox(InboxBase[AsyncSession]):
     _EXAMPLE_FACTORY = "sqlalchemy.ext.asyncio.async_sessionmaker(engine)"
     _ASYNCHRONOUS = True
 
-    def __init__(
-        self,
-        session_factory: Callable[[], AsyncSession] | None = None,
-        *,
-        sessions_for: Callable[[Message], AsyncSession] | None = None,
-        table: str | Table = DEFAULT_TABLE_NAME,
-        on_unhandled: Unhandled | str = Unhandled.RAISE,
-        transient_retries: int = 3,
-        effect_store: AsyncEngine | None = None,
-        effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
-        middleware: Iterable[AsyncMiddleware] | None = None,
-        around_delivery: Iterable[AsyncDeliveryHook] | None = None,
-    ) -> None:
-        super().__init__(
-            session_factory,
-            sessions_for=sessions_for,
-            table=table,
-            on_unhandled=on_unhandled,
-            transient_retries=transient_retries,
-            middleware=middleware,
-            around_delivery=around_delivery,
+    def _check_factory(self, session_factory: Callable[[], AsyncSession]) -> None:
+        check_session_factory(
+            functools.partial(_sync_session, session_factory),
+            self._claims.bind_clause,
+            asynchronous=True,
         )
+
+    def _start(
+        self, effect_store: AsyncEngine | None, effect_table: str | Table, *, tenants: bool
+    ) -> None:
         self._batches = AsyncBatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
-        self._deliver = (
-            wrap_delivery(self._process, self._hooks, asynchronous=True) if self._hooks else None
-        )
-        if session_factory is not None:
-            check_session_factory(
-                functools.partial(_sync_session, session_factory),
-                self._claims.bind_clause,
-                asynchronous=True,
-            )
         self._effects = AsyncEffects(
-            self, effect_store, effect_table, self._backoff, tenants=sessions_for is not None
+            self, effect_store, effect_table, self._backoff, tenants=tenants
         )
 
     @overload

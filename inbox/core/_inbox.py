@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
 from sqlalchemy import Engine, Table
@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from inbox.core._batch import BatchProcessor
 from inbox.core._batch_handlers import BatchHandlerFunc
-from inbox.core._chain import DeliveryHook, Middleware, wrap_delivery
+from inbox.core._chain import DeliveryHook, Middleware
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox.core._registration import InboxBase
 from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
@@ -23,8 +23,7 @@ from inbox.core.effects._blocking import EffectCall, Effects
 from inbox.core.effects._ledger import EffectMode
 from inbox.errors import InboxError
 from inbox.message import Message
-from inbox.result import Outcome, ProcessResult, Unhandled
-from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME
+from inbox.result import Outcome, ProcessResult
 
 __all__ = ["Inbox"]
 
@@ -34,7 +33,7 @@ B = TypeVar("B")  # a handler's body= type
 R = TypeVar("R")
 
 
-class Inbox(InboxBase[Session]):
+class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
     """A transactional inbox: register handlers, then ``process()`` each delivered message.
 
     ``session_factory`` makes a new :class:`~sqlalchemy.orm.Session` per handler transaction
@@ -59,39 +58,16 @@ class Inbox(InboxBase[Session]):
     _EXAMPLE_FACTORY = "sqlalchemy.orm.sessionmaker(engine)"
     _ASYNCHRONOUS = False
 
-    def __init__(
-        self,
-        session_factory: Callable[[], Session] | None = None,
-        *,
-        sessions_for: Callable[[Message], Session] | None = None,
-        table: str | Table = DEFAULT_TABLE_NAME,
-        on_unhandled: Unhandled | str = Unhandled.RAISE,
-        transient_retries: int = 3,
-        effect_store: Engine | None = None,
-        effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
-        middleware: Iterable[Middleware] | None = None,
-        around_delivery: Iterable[DeliveryHook] | None = None,
+    def _check_factory(self, session_factory: Callable[[], Session]) -> None:
+        check_session_factory(session_factory, self._claims.bind_clause)
+
+    def _start(
+        self, effect_store: Engine | None, effect_table: str | Table, *, tenants: bool
     ) -> None:
-        super().__init__(
-            session_factory,
-            sessions_for=sessions_for,
-            table=table,
-            on_unhandled=on_unhandled,
-            transient_retries=transient_retries,
-            middleware=middleware,
-            around_delivery=around_delivery,
-        )
         self._batches = BatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._settle
         )
-        self._deliver = (
-            wrap_delivery(self._process, self._hooks, asynchronous=False) if self._hooks else None
-        )
-        if session_factory is not None:
-            check_session_factory(session_factory, self._claims.bind_clause)
-        self._effects = Effects(
-            self, effect_store, effect_table, self._backoff, tenants=sessions_for is not None
-        )
+        self._effects = Effects(self, effect_store, effect_table, self._backoff, tenants=tenants)
 
     @overload
     def handler(self, func: H, /) -> H: ...

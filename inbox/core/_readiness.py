@@ -4,18 +4,16 @@ check, :func:`inbox.core._startup.check_schema`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import literal, select
 
 from inbox._oneline import database_error_line
-from inbox.core._registration import InboxBase
+from inbox.core._registration import AnyInbox
 from inbox.core._startup import SchemaNotReady, check_schema, worker_engine, worker_tables
 
 __all__ = ["database_not_ready"]
 
 
-def database_not_ready(inbox: InboxBase[Any]) -> str | None:
+def database_not_ready(inbox: AnyInbox) -> str | None:
     """Why the database is not ready for ``inbox``'s worker, on one line without secrets;
     None when it is (or when the inbox's sessions are not bound to an engine: then there is
     nothing to check before a session binds one, as at start)."""

@@ -16,7 +16,7 @@ from sqlalchemy import Table
 from inbox.core._backends import Claims
 from inbox.core._batch_handlers import check_batch_handler, one_element
 from inbox.core._bodies import body_parser
-from inbox.core._chain import check_layers, wrap_handler
+from inbox.core._chain import check_layers, wrap_delivery, wrap_handler
 from inbox.core._guards import Guards, transaction_guards
 from inbox.core._handlers import (
     KeyFunc,
@@ -31,19 +31,24 @@ from inbox.core._routing import Planned, plan
 from inbox.errors import ConfigurationError, RegistrationError
 from inbox.message import Message
 from inbox.result import ProcessResult, Unhandled
-from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, DEFAULT_TABLE_NAME, resolve_table
 
-__all__ = ["InboxBase"]
+__all__ = ["AnyInbox", "InboxBase"]
 
-S = TypeVar("S")
+S = TypeVar("S")  # the session a handler gets: Session or AsyncSession
+E = TypeVar("E")  # the effect store: Engine or AsyncEngine
+MW = TypeVar("MW")  # a middleware layer, blocking or async
+DH = TypeVar("DH")  # an around_delivery hook, blocking or async
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class InboxBase(abc.ABC, Generic[S]):
-    """The options and handlers of an inbox whose session factory makes ``S`` sessions.
+class InboxBase(abc.ABC, Generic[S, E, MW, DH]):
+    """The options and handlers of an inbox whose session factory makes ``S`` sessions,
+    whose effect store is an ``E``, with ``MW`` middleware and ``DH`` delivery hooks.
 
-    Subclasses say which callables they accept as handlers (:meth:`_check_handler`) and
-    run the transactions; everything here is decided once, at construction or registration.
+    Subclasses say which callables they accept as handlers (:meth:`_check_handler`), make
+    their batch processor and effect ledger, and run the transactions; everything here is
+    decided once, at construction or registration.
     """
 
     _EXAMPLE_FACTORY: ClassVar[str]
@@ -51,14 +56,16 @@ class InboxBase(abc.ABC, Generic[S]):
 
     def __init__(
         self,
-        session_factory: Callable[[], S] | None,
+        session_factory: Callable[[], S] | None = None,
         *,
         sessions_for: Callable[[Message], S] | None = None,
         table: str | Table = DEFAULT_TABLE_NAME,
         on_unhandled: Unhandled | str = Unhandled.RAISE,
         transient_retries: int = 3,
-        middleware: Iterable[Any] | None = None,
-        around_delivery: Iterable[Any] | None = None,
+        effect_store: E | None = None,
+        effect_table: str | Table = DEFAULT_EFFECT_TABLE_NAME,
+        middleware: Iterable[MW] | None = None,
+        around_delivery: Iterable[DH] | None = None,
     ) -> None:
         if (session_factory is None) == (sessions_for is None):
             raise ConfigurationError(
@@ -88,6 +95,27 @@ class InboxBase(abc.ABC, Generic[S]):
         self._backoff = Backoff(transient_retries)
         self._registry = Registry()
         self._guards: dict[str, Guards] = {}
+        self._deliver: Callable[[Message], Any] | None = (
+            wrap_delivery(self._process, self._hooks, asynchronous=asynchronous)
+            if self._hooks
+            else None
+        )
+        if session_factory is not None:
+            self._check_factory(session_factory)
+        self._start(effect_store, effect_table, tenants=sessions_for is not None)
+
+    @abc.abstractmethod
+    def _check_factory(self, session_factory: Callable[[], S]) -> None:
+        """Raise :class:`~inbox.SessionConfigurationError` if the sessions of
+        ``session_factory`` cannot hold the inbox's transaction (connects to nothing)."""
+
+    @abc.abstractmethod
+    def _start(self, effect_store: E | None, effect_table: str | Table, *, tenants: bool) -> None:
+        """Make the batch processor and the effect ledger (on ``effect_store``)."""
+
+    @abc.abstractmethod
+    def _process(self, message: Message) -> Any:
+        """``process()`` without the ``around_delivery`` hooks (what the hooks wrap)."""
 
     @property
     def table(self) -> Table:
@@ -183,3 +211,7 @@ class InboxBase(abc.ABC, Generic[S]):
         """Whether ``process_batch`` must run its messages as ``process()`` calls: each
         through the delivery hooks, or each in its own tenant's database."""
         return bool(self._hooks) or self._sessions_for is not None
+
+
+AnyInbox = InboxBase[Any, Any, Any, Any]
+"""An :class:`~inbox.Inbox` or an :class:`~inbox.aio.AsyncInbox`, for code that takes either."""

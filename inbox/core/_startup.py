@@ -16,7 +16,7 @@ import functools
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from sqlalchemy import Connection, Engine, Select, Table, column, inspect, select, table
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, UnboundExecutionError
@@ -25,7 +25,7 @@ from inbox.errors import InboxError
 from inbox.schema import inbox_effect
 
 if TYPE_CHECKING:
-    from inbox.core._registration import InboxBase
+    from inbox.core._registration import AnyInbox
 
 __all__ = [
     "APP_VERSION_TABLE",
@@ -214,27 +214,27 @@ def _recorded(engine: Engine, version_table: str, schema: str | None) -> list[st
         return []
 
 
-def worker_engine(inbox: InboxBase[Any]) -> Engine | None:
+def worker_engine(inbox: AnyInbox) -> Engine | None:
     """The engine an inbox claims on, or None when its sessions are not bound (yet): then
     there is nothing to check before the first message, which reports that."""
     return inbox_engine(inbox._session_factory, inbox.table.insert())
 
 
-def worker_tables(inbox: InboxBase[Any]) -> tuple[Table, ...]:
+def worker_tables(inbox: AnyInbox) -> tuple[Table, ...]:
     """The tables a worker for ``inbox`` uses in the inbox's database: its claim table, and
     its effect table unless the effects are kept in a store of their own."""
     store, table = _effects_of(inbox)
     return (inbox.table,) if store is not None else (inbox.table, table)
 
 
-def effect_store(inbox: InboxBase[Any]) -> tuple[Engine, Table] | None:
+def effect_store(inbox: AnyInbox) -> tuple[Engine, Table] | None:
     """The engine and effect table of an inbox whose effects are kept in a store of its own
     (``effect_store=``), to check beside the inbox's database; None otherwise."""
     store, table = _effects_of(inbox)
     return None if store is None else (store, table)
 
 
-def _effects_of(inbox: InboxBase[Any]) -> tuple[Engine | None, Table]:
+def _effects_of(inbox: AnyInbox) -> tuple[Engine | None, Table]:
     effects = getattr(inbox, "_effects", None)  # the inbox's Effects: its store and ledger
     ledger = getattr(effects, "ledger", None)
     table = getattr(ledger, "table", None)

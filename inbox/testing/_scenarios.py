@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 from sqlalchemy import Connection
 
 from inbox.core._handlers import HandlerFunc, Registry, is_coroutine_callable
-from inbox.core._registration import InboxBase
+from inbox.core._registration import AnyInbox
 from inbox.errors import HandlerFailed
 from inbox.result import Outcome, ProcessResult
 
@@ -130,7 +130,7 @@ def _after(
 
 
 @contextmanager
-def raising_after(inbox: InboxBase[Any], step: Deliver) -> Iterator[None]:
+def raising_after(inbox: AnyInbox, step: Deliver) -> Iterator[None]:
     """Run ``inbox`` with handler ``step.failing`` raising ``step.error`` once its function
     returned (as it is, when no handler is to fail)."""
     if step.failing is None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import Table
 
 from inbox.core import Inbox
-from inbox.core._registration import InboxBase
+from inbox.core._registration import AnyInbox
 from inbox.errors import ConfigurationError, InboxError
 from inbox.message import Message
 from inbox.schema import outbox_message
@@ -102,7 +102,7 @@ async def assert_idempotent_async(
     await drive_async(inbox, message, engines, flow)
 
 
-def _check(inbox: InboxBase[Any], message: object) -> None:
+def _check(inbox: AnyInbox, message: object) -> None:
     if not isinstance(message, Message):
         raise ConfigurationError(
             f"assert_idempotent() takes an inbox.Message, got {type(message).__name__}"
@@ -114,7 +114,7 @@ def _check(inbox: InboxBase[Any], message: object) -> None:
 
 
 def _flow(
-    inbox: InboxBase[Any],
+    inbox: AnyInbox,
     message: Message,
     tables: Sequence[str | Table],
     ignore_columns: Collection[str],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import bz2
 import json
+import logging
 import lzma
 import struct
 import subprocess
@@ -39,6 +40,7 @@ from inbox.delivery._inbound import (
     read_delivery,
 )
 from inbox.delivery._policy import DeadLetter
+from inbox.delivery._settling import Settling
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.codec import UndecodableBody, decode_body
 from inbox.outbox._arguments import encode_body
@@ -297,7 +299,8 @@ class FakeDelivery:
 def forwarder(script: list[list[tuple[Any, ...]]]) -> tuple[Forwarder, ScriptedConnection]:
     channel = ScriptedChannel()
     connection = ScriptedConnection(channel, script)
-    sent = Forwarder(WorkerStats(), confirms=True, confirm_timeout=0.5)
+    settling = Settling(WorkerStats(), RetryPolicy(), logging.getLogger("test"))
+    sent = Forwarder(settling, confirms=True, confirm_timeout=0.5)
     sent.attach(connection, channel)
     return sent, connection
 

@@ -4,6 +4,8 @@ A channel in confirm mode numbers its publishes 1, 2, ...; the broker answers ea
 ``basic.ack`` or ``basic.nack`` (one tag, or every tag up to it with ``multiple``), and a
 ``mandatory`` publish no queue took comes back as ``basic.return`` before its ack. A return
 carries the message, not the tag, so it is matched by the ``message_id`` each publish has.
+The relay (many publishes in flight) and the worker's forwarder (one copy at a time) both
+track their confirms here.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class ConfirmTracker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
-                    f"{len(self._pending)} publishes not confirmed within {timeout:g} s"
+                    f"no publisher confirm for {len(self._pending)} publish(es) within "
+                    f"{timeout:g} s"
                 )
             try:
                 connection.drain_events(timeout=min(remaining, 1.0))
@@ -100,6 +103,9 @@ class ConfirmTracker:
 
     def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
         message_id = (getattr(message, "properties", None) or {}).get("message_id")
+        if message_id is None and len(self._pending) == 1:
+            # Without an id it can only be the one publish in flight (the worker's copies).
+            message_id = next(iter(self._pending.values()))
         if message_id is not None:
             where = f"exchange {exchange!r}" if exchange else "the default exchange ''"
             self._returned[str(message_id)] = (

@@ -1,8 +1,9 @@
 """One delivery, or a batch of them, through the inbox and to its end: ack, retry, dead letter.
 
-The kombu-free half of the worker: it reads the delivery (:mod:`inbox.delivery._inbound`), runs
-the inbox, asks :func:`inbox.delivery._policy.decide`, and carries the decision out, sending
-copies through the :class:`~inbox.broker._forwarder.Forwarder`. Nothing here knows SQL.
+It reads the delivery (:mod:`inbox.delivery._inbound`), runs the inbox, asks the settle plan
+every edge shares (:class:`inbox.delivery._settling.Settling`) what the outcome means, and
+carries the decision out: the ack, or a copy through the
+:class:`~inbox.broker._forwarder.Forwarder`. Nothing here knows SQL.
 """
 
 from __future__ import annotations
@@ -17,23 +18,12 @@ from inbox.broker._acks import AckTracker
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._observe import observe_decision, traced_batch, traced_delivery
 from inbox.core import Inbox
-from inbox.delivery import headers as h
 from inbox.delivery._inbound import read_delivery
-from inbox.delivery._policy import (
-    Ack,
-    DeadLetter,
-    Decision,
-    Halt,
-    Retry,
-    dead_letter_headers,
-    decide,
-    retry_headers,
-)
-from inbox.delivery._stats import WorkerStats
-from inbox.delivery.topology import QueueTopology, RetryPolicy
-from inbox.errors import HandlerFailed
+from inbox.delivery._policy import Ack, DeadLetter, Decision, Halt, Retry
+from inbox.delivery._settling import Settling
+from inbox.delivery.topology import QueueTopology
 from inbox.message import Message
-from inbox.result import Outcome, ProcessResult
+from inbox.result import ProcessResult
 
 __all__ = ["Dispatcher", "Inbound"]
 
@@ -51,9 +41,8 @@ class Dispatcher:
     def __init__(
         self,
         inbox: Inbox,
-        policy: RetryPolicy,
+        settling: Settling,
         forwarder: Forwarder,
-        stats: WorkerStats,
         *,
         native_delays: bool,
         default_content_type: str | None,
@@ -61,9 +50,9 @@ class Dispatcher:
         giving_back: Callable[[], bool],
     ) -> None:
         self._inbox = inbox
-        self._policy = policy
+        self._settling = settling
         self._forwarder = forwarder
-        self._stats = stats
+        self._stats = settling.stats
         self._native = native_delays
         self._default_content_type = default_content_type
         self._on_halt = on_halt
@@ -161,16 +150,8 @@ class Dispatcher:
         outcome: ProcessResult | BaseException,
     ) -> None:
         self.last_activity = time.monotonic()  # busy until now, however long it took
-        result = outcome.result if isinstance(outcome, HandlerFailed) else outcome
-        if isinstance(result, ProcessResult):
-            for o in result.outcomes.values():
-                if o is Outcome.PROCESSED:
-                    self._stats.processed += 1
-                elif o is Outcome.DUPLICATE:
-                    self._stats.duplicates += 1
-                    logger.info("message %s: %s skipped (duplicate)", message.id, _name(result, o))
-        tries = h.tries_so_far(delivery.headers or {})
-        self._carry_out(topology, delivery, message, decide(outcome, tries, self._policy))
+        decision = self._settling.decide(message.id, outcome, delivery.headers or {})
+        self._carry_out(topology, delivery, message, decision)
 
     def _carry_out(
         self,
@@ -189,9 +170,9 @@ class Dispatcher:
                 delivery.ack()
             else:
                 self._deferred.append(delivery)
-            self._stats.acked += 1
+            self._settling.acked()
         elif isinstance(decision, Halt):
-            logger.critical("configuration error, stopping: %s", h.describe(decision.error))
+            self._settling.halt(decision)
             self.halted_by = decision.error
             self._on_halt()
             self.give_back(delivery)
@@ -203,19 +184,13 @@ class Dispatcher:
     def _retry(
         self, topology: QueueTopology, delivery: Delivery, message: Message | None, retry: Retry
     ) -> None:
-        self._stats.failed_tries += 1
-        self._stats.retried += 1
-        logger.warning(
-            "message %s (type %r) on %s: try %d/%d failed (%s); retry in %g s",
-            message.id if message else None,
-            message.type if message else None,
-            topology.name,
-            retry.tries,
-            self._policy.max_tries,
-            retry.error,
-            retry.delay_ms / 1000,
+        extra = self._settling.retry(
+            retry,
+            message_id=message.id if message else None,
+            message_type=message.type if message else None,
+            queue=topology.name,
+            headers=delivery.headers or {},
         )
-        extra = retry_headers(delivery.headers or {}, retry)
         if self._native:
             target = topology.retry_queue(retry.delay_ms)
             self._forwarder.forward(delivery, target, topology.dead_letter_queue, extra)
@@ -225,26 +200,15 @@ class Dispatcher:
             )
 
     def _dead_letter(self, topology: QueueTopology, delivery: Delivery, dead: DeadLetter) -> None:
-        if dead.tries is not None:
-            self._stats.failed_tries += 1
-        extra = dead_letter_headers(delivery.headers or {}, dead, topology.name)
-        self._stats.dead_lettered += 1
-        self._stats.dead_letter_reasons[str(dead.reason)] += 1
         properties = delivery.properties or {}
-        logger.error(
-            "message %s (type %r) dead-lettered to %s: %s%s: %s",
-            properties.get("message_id"),
-            properties.get("type"),
-            topology.dead_letter_queue,
-            dead.reason,
-            f" after {dead.tries} tries" if dead.tries else "",
-            dead.detail,
+        extra = self._settling.dead_letter(
+            dead,
+            message_id=properties.get("message_id"),
+            message_type=properties.get("type"),
+            queue=topology.name,
+            dead_letters=topology.dead_letter_queue,
+            headers=delivery.headers or {},
         )
         self._forwarder.forward(
             delivery, topology.dead_letter_queue, topology.dead_letter_queue, extra
         )
-
-
-def _name(result: ProcessResult, outcome: Outcome) -> str:
-    names = [name for name, o in result.outcomes.items() if o is outcome]
-    return ", ".join(names)

@@ -7,8 +7,9 @@ two copies with one id, which the inbox deduplicates. A copy the broker refuses 
 original unacked and is held, to be tried again after a backoff.
 
 One copy is in flight at a time, and each confirm is matched to its publish by its delivery
-tag: a confirm is never credited to the wrong copy (that would ack a message whose copy was
-refused). The worker guarantees the one-at-a-time part by never calling in re-entrantly.
+tag (:class:`inbox._amqp.confirms.ConfirmTracker`, the relay's tracker too): a confirm is never
+credited to the wrong copy (that would ack a message whose copy was refused). The worker
+guarantees the one-at-a-time part by never calling in re-entrantly.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ from typing import Any, Final
 
 from kombu.message import Message as Delivery
 
-from inbox._amqp.confirms import PERSISTENT, fits_in_frame
-from inbox.delivery._copies import trimmed_headers
+from inbox._amqp.confirms import PERSISTENT, ConfirmTracker, fits_in_frame
 from inbox.delivery._inbound import RAW_PROPERTIES, UNREADABLE, body_bytes, sent_headers
-from inbox.delivery._policy import DeadLetterReason
-from inbox.delivery._stats import WorkerStats
+from inbox.delivery._settling import Settling
 from inbox.errors import CopyRefused
 
 __all__ = ["Forwarder"]
@@ -65,18 +64,16 @@ class Forwarder:
     own confirm (at most ``confirm_timeout`` seconds). Other transports take copies as sent.
     """
 
-    def __init__(self, stats: WorkerStats, *, confirms: bool, confirm_timeout: float = 30.0):
-        self.stats = stats
+    def __init__(self, settling: Settling, *, confirms: bool, confirm_timeout: float = 30.0):
+        self._settling = settling
+        self.stats = settling.stats
         self.confirms = confirms
         self.confirm_timeout = confirm_timeout
         self._connection: Any = None
         self._channel: Any = None
         self._held: list[_Held] = []
         self._sequence = itertools.count()
-        self._tag = 0
-        self._awaiting = 0
-        self._verdict: bool | None = None
-        self._returned: list[str] = []
+        self._tracker = ConfirmTracker()
 
     @property
     def holding(self) -> int:
@@ -86,12 +83,8 @@ class Forwarder:
     def attach(self, connection: Any, channel: Any) -> None:
         """Publish on ``channel`` of ``connection`` from now on (after a (re)connection)."""
         self._connection, self._channel = connection, channel
-        self._tag, self._awaiting, self._verdict = 0, 0, None
         if self.confirms:
-            channel.confirm_select()
-            channel.events["basic_ack"].add(self._on_ack)
-            channel.events["basic_nack"].add(self._on_nack)
-            channel.events["basic_return"].add(self._on_return)
+            self._tracker.attach(channel)
 
     def detach(self) -> None:
         """Forget the channel and every held delivery (they can no longer be acked; the
@@ -156,94 +149,46 @@ class Forwarder:
         try:
             self._send(delivery, target, dead_letters, headers)
         except CopyRefused as refused:
-            wait = min(30.0, 2.0**refusals)
-            logger.error(
-                "message %s: the broker refused its copy for %s (%s); kept unacked, "
-                "next attempt in %g s",
-                (delivery.properties or {}).get("message_id"),
-                target,
-                refused,
-                wait,
-            )
+            message_id = (delivery.properties or {}).get("message_id")
+            wait = self._settling.refused(message_id, target, refused, refusals)
             self.hold(delivery, target, dead_letters, headers, wait, refusals=refusals + 1)
             return
         self._ack(delivery)
 
     def _ack(self, delivery: Delivery) -> None:
         delivery.ack()
-        self.stats.acked += 1
+        self._settling.acked()
 
     def _send(
         self, delivery: Delivery, target: str, dead_letters: str, extra: dict[str, Any]
     ) -> None:
         prepared = self._prepare(delivery, extra, trimmed=False)
         if self.confirms and not self._fits(prepared):
-            logger.error(
-                "message %s: its copy for %s does not fit in one frame; dead-lettered to %s "
-                "with its own headers trimmed",
-                (delivery.properties or {}).get("message_id"),
-                target,
-                dead_letters,
+            trimmed = self._settling.too_large(
+                message_id=(delivery.properties or {}).get("message_id"),
+                target=target,
+                dead_letters=dead_letters,
+                own=sent_headers(delivery),
+                added=extra,
             )
-            trimmed = trimmed_headers(sent_headers(delivery), extra)
             prepared = self._prepare(delivery, trimmed, trimmed=True)
-            if target != dead_letters:
-                self.stats.dead_lettered += 1
-            self.stats.dead_letter_reasons[str(DeadLetterReason.COPY_TOO_LARGE)] += 1
             target = dead_letters
         if not self.confirms:
             self._channel.basic_publish(prepared, exchange="", routing_key=target)
             return
-        if self._awaiting:
+        if self._tracker.unsettled:
             raise RuntimeError("a copy was published while another waited for its confirm")
-        self._tag += 1  # the channel numbers its publishes 1, 2, ... once in confirm mode
-        self._awaiting, self._verdict = self._tag, None
-        self._returned.clear()
-        try:
-            try:
-                self._channel.basic_publish(
-                    prepared, exchange="", routing_key=target, mandatory=True
-                )
-            except BaseException:
-                self._tag -= 1  # not numbered if it never left; a broken connection resets it
-                raise
-            confirmed = self._await_confirm()
-        finally:
-            self._awaiting = 0
-        # RabbitMQ sends basic.return before the confirm of the same publish, and only this
-        # publish is in flight: a return seen now is this copy's.
-        if self._returned:
-            raise CopyRefused(self._returned[0])
-        if not confirmed:
-            raise CopyRefused("nacked by the broker")
-
-    def _await_confirm(self) -> bool:
-        deadline = time.monotonic() + self.confirm_timeout
-        while self._verdict is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                # The connection is out of step: reconnecting gives every unacked delivery back.
-                raise TimeoutError(f"no publisher confirm within {self.confirm_timeout:g} s")
-            try:
-                self._connection.drain_events(timeout=min(remaining, 1.0))
-            except TimeoutError:  # socket.timeout: nothing arrived yet
-                continue
-        return self._verdict
-
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, confirmed=True)
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, confirmed=False)
-
-    def _settle(self, delivery_tag: int, multiple: bool, *, confirmed: bool) -> None:
-        awaiting = self._awaiting
-        if awaiting and (delivery_tag == awaiting or (multiple and delivery_tag > awaiting)):
-            self._verdict = confirmed
-        # Anything else settles a publish nobody waits for any more: never credit it here.
-
-    def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:
-        self._returned.append(f"no queue {routing_key!r}: {exc}")
+        properties = delivery.properties or {}
+        key = str(properties.get("message_id") or f"copy-{next(self._sequence)}")
+        self._tracker.reset()
+        self._channel.basic_publish(prepared, exchange="", routing_key=target, mandatory=True)
+        self._tracker.sent(key)
+        # Raises TimeoutError when the broker never answers: the connection is out of step,
+        # and reconnecting gives every unacked delivery back.
+        self._tracker.wait(self._connection, self.confirm_timeout)
+        refused = self._tracker.refused.get(key)
+        if refused is not None:
+            raise CopyRefused(refused)
 
     def _prepare(self, delivery: Delivery, extra: Mapping[str, Any], *, trimmed: bool) -> Any:
         properties = delivery.properties or {}

@@ -22,6 +22,7 @@ from inbox.broker._dispatch import Dispatcher, Inbound
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._options import check_options
 from inbox.core import Inbox
+from inbox.delivery._settling import Settling
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.codec import JSON
 from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
@@ -70,12 +71,12 @@ class Worker(ConsumerMixin):
         self.default_content_type = default_content_type
         self.stats = WorkerStats()
         self._stats_interval = stats_interval
-        self._forwarder = Forwarder(self.stats, confirms=self.native_delays)
+        settling = Settling(self.stats, policy, logger)
+        self._forwarder = Forwarder(settling, confirms=self.native_delays)
         self._dispatch = Dispatcher(
             inbox,
-            policy,
+            settling,
             self._forwarder,
-            self.stats,
             native_delays=self.native_delays,
             default_content_type=default_content_type,
             on_halt=self.stop,

@@ -1,11 +1,10 @@
 """One FastStream delivery through an :class:`~inbox.aio.AsyncInbox` and to its end.
 
-The broker-independent half of the FastStream edge, and the kombu worker's decisions reused
-as they are: the delivery's parts become a Message or a dead-letter reason
-(:func:`inbox.delivery._inbound.read_message`), :func:`inbox.delivery._policy.decide` turns the
-inbox's result or error into ack / retry / dead letter / halt, and the copies carry the
-headers :mod:`inbox.delivery._policy` writes. A :class:`Transport` carries the decision out on
-one broker. Nothing here knows SQL.
+The broker-independent half of the FastStream edge, on the settle plan the kombu worker
+carries out too: the delivery's parts become a Message or a dead-letter reason
+(:func:`inbox.delivery._inbound.read_message`), and :class:`inbox.delivery._settling.Settling`
+counts, decides (ack / retry / dead letter / halt), logs and writes the copies' headers. A
+:class:`Transport` carries the decision out on one broker. Nothing here knows SQL.
 """
 
 from __future__ import annotations
@@ -15,36 +14,29 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from faststream.exceptions import StopConsume
 from faststream.message import StreamMessage
 
 from inbox.aio import AsyncInbox
-from inbox.delivery import headers as h
-from inbox.delivery._copies import trimmed_headers
 from inbox.delivery._inbound import read_id, read_message
 from inbox.delivery._policy import (
     Ack,
     DeadLetter,
-    DeadLetterReason,
     Halt,
     Retry,
-    dead_letter_headers,
-    decide,
-    retry_headers,
 )
+from inbox.delivery._settling import Settling
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.topology import RetryPolicy
-from inbox.errors import ConfigurationError, CopyRefused, HandlerFailed
+from inbox.errors import ConfigurationError, CopyRefused
 from inbox.message import Message
-from inbox.result import Outcome, ProcessResult
+from inbox.result import ProcessResult
 
 __all__ = ["Inbound", "InboxEdge", "Transport"]
 
 logger = logging.getLogger("inbox.faststream")
-
-_MAX_REFUSAL_WAIT: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +108,7 @@ class InboxEdge:
         self.transport = transport
         self.policy = policy
         self.stats = WorkerStats()
+        self._settling = Settling(self.stats, policy, logger)
         self.halted_by: BaseException | None = None
         self._default_content_type = default_content_type
         self._prepared = False
@@ -138,15 +131,14 @@ class InboxEdge:
             raise  # the task is ending: nothing is acked, the broker gives the delivery back
         except BaseException as exc:  # any other escape is a failed try, never a dead consumer
             outcome = exc
-        self._count(read, outcome)
-        decision = decide(outcome, h.tries_so_far(inbound.headers), self.policy)
+        decision = self._settling.decide(read.id, outcome, inbound.headers)
         if isinstance(decision, Ack):
             # Ack only now: every handler's claim and effects are committed (or were by an
             # earlier delivery). A crash before this line means a redelivery, which the inbox
             # skips as a duplicate; acking earlier could lose the message.
             await self._ack(msg)
         elif isinstance(decision, Halt):
-            logger.critical("configuration error, stopping: %s", h.describe(decision.error))
+            self._settling.halt(decision)
             self.halted_by = decision.error
             await self._give_back(msg)
             raise StopConsume
@@ -171,55 +163,33 @@ class InboxEdge:
             default_content_type=self._default_content_type,
         )
 
-    def _count(self, message: Message, outcome: ProcessResult | BaseException) -> None:
-        result = outcome.result if isinstance(outcome, HandlerFailed) else outcome
-        if not isinstance(result, ProcessResult):
-            return
-        for name, o in result.outcomes.items():
-            if o is Outcome.PROCESSED:
-                self.stats.processed += 1
-            elif o is Outcome.DUPLICATE:
-                self.stats.duplicates += 1
-                logger.info("message %s: %s skipped (duplicate)", message.id, name)
-
     async def _retry(
         self, msg: StreamMessage[Any], inbound: Inbound, message: Message, retry: Retry
     ) -> None:
-        self.stats.failed_tries += 1
-        self.stats.retried += 1
-        logger.warning(
-            "message %s (type %r) on %s: try %d/%d failed (%s); retry in %g s",
-            message.id,
-            message.type,
-            self.transport.queue,
-            retry.tries,
-            self.policy.max_tries,
-            retry.error,
-            retry.delay_ms / 1000,
+        added = self._settling.retry(
+            retry,
+            message_id=message.id,
+            message_type=message.type,
+            queue=self.transport.queue,
+            headers=inbound.headers,
         )
         target, hold = self.transport.retry_route(msg, retry.delay_ms)
         if hold:
             await asyncio.sleep(hold)
-        await self._forward(msg, inbound, target, retry_headers(inbound.headers, retry))
+        await self._forward(msg, inbound, target, added)
 
     async def _dead_letter(
         self, msg: StreamMessage[Any], inbound: Inbound, dead: DeadLetter
     ) -> None:
-        if dead.tries is not None:
-            self.stats.failed_tries += 1
-        self.stats.dead_lettered += 1
-        self.stats.dead_letter_reasons[str(dead.reason)] += 1
         queue = self.transport.queue
-        logger.error(
-            "message %s (type %r) dead-lettered to %s.dlq: %s%s: %s",
-            inbound.raw_id,
-            inbound.message_type,
-            queue,
-            dead.reason,
-            f" after {dead.tries} tries" if dead.tries else "",
-            dead.detail,
+        added = self._settling.dead_letter(
+            dead,
+            message_id=inbound.raw_id,
+            message_type=inbound.message_type,
+            queue=queue,
+            dead_letters=f"{queue}.dlq",
+            headers=inbound.headers,
         )
-        added = dead_letter_headers(inbound.headers, dead, queue)
         await self._forward(msg, inbound, f"{queue}.dlq", added)
 
     async def _forward(
@@ -230,7 +200,15 @@ class InboxEdge:
         cannot take at all (too large for a frame) goes to the .dlq trimmed instead."""
         headers = {**inbound.headers, **added}
         if not self.transport.fits(msg, headers):
-            target, headers = self._too_large(inbound, target, added)
+            dead_letters = f"{self.transport.queue}.dlq"
+            headers = self._settling.too_large(
+                message_id=inbound.raw_id,
+                target=target,
+                dead_letters=dead_letters,
+                own=inbound.headers,
+                added=added,
+            )
+            target = dead_letters
         refusals = 0
         while True:
             try:
@@ -242,38 +220,12 @@ class InboxEdge:
                         "message %s: its channel is gone; the broker gives it back", msg.message_id
                     )
                     return
-                wait = min(_MAX_REFUSAL_WAIT, 2.0**refusals)
+                wait = self._settling.refused(msg.message_id, target, refused, refusals)
                 refusals += 1
-                logger.error(
-                    "message %s: the broker refused its copy for %s (%s); kept unacked, "
-                    "next attempt in %g s",
-                    msg.message_id,
-                    target,
-                    refused,
-                    wait,
-                )
                 await asyncio.sleep(wait)
                 continue
             break
         await self._ack(msg)
-
-    def _too_large(
-        self, inbound: Inbound, target: str, added: dict[str, Any]
-    ) -> tuple[str, dict[str, Any]]:
-        """Where a copy too large for the broker goes instead, with which headers: the
-        kombu worker's plan (:mod:`inbox.delivery._copies`)."""
-        dead_letters = f"{self.transport.queue}.dlq"
-        logger.error(
-            "message %s: its copy for %s does not fit in one frame; dead-lettered to %s with "
-            "its own headers trimmed",
-            inbound.raw_id,
-            target,
-            dead_letters,
-        )
-        if target != dead_letters:
-            self.stats.dead_lettered += 1
-        self.stats.dead_letter_reasons[str(DeadLetterReason.COPY_TOO_LARGE)] += 1
-        return dead_letters, trimmed_headers(inbound.headers, added)
 
     async def _prepare(self) -> None:
         if self._prepared:
@@ -288,7 +240,7 @@ class InboxEdge:
 
     async def _ack(self, msg: StreamMessage[Any]) -> None:
         if await self._settle(msg, ack=True):
-            self.stats.acked += 1
+            self._settling.acked()
 
     async def _give_back(self, msg: StreamMessage[Any]) -> None:
         if await self._settle(msg, ack=False):

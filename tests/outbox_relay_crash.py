@@ -2,7 +2,7 @@
 where a crash sends rows twice, after the broker confirmed a batch and before its delete.
 
 Usage: ``python outbox_relay_crash.py DATABASE_URL BROKER_URL BATCH_SIZE``. The hook is this
-subclass, not the library: the relay's ``_settle`` is the seam between publish and delete.
+subclass, not the library: the relay's ``_record_answers`` is the seam between publish and delete.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from inbox.outbox.relay._rows import Taken
 class CrashingRelay(Relay):
     """Dies, unannounced, once the broker has confirmed a batch, before deleting it."""
 
-    def _settle(self, connection: Connection, taken: Taken, sent: Sent, now: dt.datetime) -> None:
+    def _record_answers(
+        self, connection: Connection, taken: Taken, sent: Sent, now: dt.datetime
+    ) -> None:
         if sent.confirmed:
             os.kill(os.getpid(), signal.SIGKILL)
-        super()._settle(connection, taken, sent, now)
+        super()._record_answers(connection, taken, sent, now)
 
 
 if __name__ == "__main__":

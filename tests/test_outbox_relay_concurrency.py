@@ -32,8 +32,10 @@ class RecordingRelay(Relay):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.confirmed: list[uuid.UUID] = []
 
-    def _settle(self, connection: Connection, taken: Taken, sent: Sent, now: dt.datetime) -> None:
-        super()._settle(connection, taken, sent, now)
+    def _record_answers(
+        self, connection: Connection, taken: Taken, sent: Sent, now: dt.datetime
+    ) -> None:
+        super()._record_answers(connection, taken, sent, now)
         self.confirmed.extend(sent.confirmed)
 
 

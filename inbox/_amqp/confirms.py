@@ -85,7 +85,7 @@ class ConfirmTracker:
                 continue
 
     def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        for message_id in self._settle(delivery_tag, multiple):
+        for message_id in self._answered(delivery_tag, multiple):
             returned = self._returned.pop(message_id, None)
             if returned is None:
                 self.confirmed.add(message_id)
@@ -93,11 +93,11 @@ class ConfirmTracker:
                 self.refused[message_id] = returned
 
     def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        for message_id in self._settle(delivery_tag, multiple):
+        for message_id in self._answered(delivery_tag, multiple):
             self._returned.pop(message_id, None)
             self.refused[message_id] = "nacked by the broker (a queue refused it: full?)"
 
-    def _settle(self, delivery_tag: int, multiple: bool) -> list[str]:
+    def _answered(self, delivery_tag: int, multiple: bool) -> list[str]:
         tags = [t for t in self._pending if t <= delivery_tag] if multiple else [delivery_tag]
         return [self._pending.pop(t) for t in tags if t in self._pending]
 

@@ -28,7 +28,7 @@ __all__ = [
     "FAILURE_HEADERS",
     "REPLAYED_AT",
     "REPLAYS",
-    "DeadLetter",
+    "DeadLetterRecord",
     "dead_letter_queue",
     "depth",
     "find",
@@ -66,7 +66,7 @@ _REFRESH_AT: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class DeadLetterRecord:
     """What the worker's headers say about one dead letter."""
 
     message_id: str | None
@@ -93,7 +93,7 @@ class DeadLetter:
         return at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)
 
     @classmethod
-    def read(cls, message: amqp.Message) -> DeadLetter:
+    def read(cls, message: amqp.Message) -> DeadLetterRecord:
         """The bookkeeping of a message as ``basic_get`` returned it."""
         headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
         failed = headers.get(h.FAILED_HANDLERS)
@@ -160,7 +160,7 @@ def depth_if_present(broker: str, queue: str) -> int | None:
         return None
 
 
-def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadLetter]]:
+def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
     """The dead-letter queue's depth and its first ``limit`` messages, read without taking
     them: each is held unacked until the channel closes, then returns to its place."""
     dlq = dead_letter_queue(queue)
@@ -170,7 +170,7 @@ def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadL
         message = channel.basic_get(dlq, no_ack=False)
         if message is None:
             break
-        letters.append(DeadLetter.read(message))
+        letters.append(DeadLetterRecord.read(message))
         hold(channel, message, dlq)
     return present, letters
 
@@ -226,7 +226,7 @@ def _text(value: object) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def summary_fields(letter: DeadLetter) -> Sequence[tuple[str, object]]:
+def summary_fields(letter: DeadLetterRecord) -> Sequence[tuple[str, object]]:
     """The fields of one dead letter as ``inbox dlq list`` prints them, in order."""
     return (
         ("id", letter.message_id),

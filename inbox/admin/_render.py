@@ -12,7 +12,7 @@ from typing import Any
 
 from inbox._oneline import bounded
 from inbox.admin._claims import Found
-from inbox.admin._dead_letters import DeadLetter, summary_fields
+from inbox.admin._dead_letters import DeadLetterRecord, summary_fields
 from inbox.admin._replay import MoveReport
 from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
 
@@ -111,7 +111,7 @@ def found_lines(found: Found) -> Iterator[str]:
         )
 
 
-def dead_letter_line(letter: DeadLetter) -> str:
+def dead_letter_line(letter: DeadLetterRecord) -> str:
     """One dead letter on one line."""
     fields = [
         f"{name}={bounded(str(value), 300)}"

@@ -21,7 +21,7 @@ from inbox.admin._dead_letters import (
     FAILURE_HEADERS,
     REPLAYED_AT,
     REPLAYS,
-    DeadLetter,
+    DeadLetterRecord,
     dead_letter_queue,
     depth,
     hold,
@@ -43,7 +43,7 @@ class Filters:
     older_than: dt.timedelta | None = None
     """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
 
-    def take(self, letter: DeadLetter, now: dt.datetime) -> bool:
+    def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
         """Whether ``letter`` passes every filter given."""
         if self.reasons and letter.reason not in self.reasons:
             return False
@@ -69,7 +69,7 @@ class MoveReport:
     examined: int = 0
     moved: int = 0
     not_matching: int = 0
-    replayed_too_often: list[DeadLetter] = field(default_factory=list)
+    replayed_too_often: list[DeadLetterRecord] = field(default_factory=list)
 
 
 def replay(
@@ -139,7 +139,7 @@ def _bounded(
     report: MoveReport,
     filters: Filters,
     progress: Callable[[MoveReport], None] | None,
-) -> Iterator[tuple[amqp.Message, DeadLetter]]:
+) -> Iterator[tuple[amqp.Message, DeadLetterRecord]]:
     """The dead letters present at the start (at most ``report.to_read``) that pass
     ``filters``; the others are held in place."""
     now = dt.datetime.now(dt.UTC)
@@ -148,7 +148,7 @@ def _bounded(
         if message is None:
             break
         report.examined += 1
-        letter = DeadLetter.read(message)
+        letter = DeadLetterRecord.read(message)
         if filters.take(letter, now):
             yield message, letter
         else:
@@ -159,7 +159,7 @@ def _bounded(
 
 
 def _replayed(
-    properties: Mapping[str, Any], letter: DeadLetter, *, keep_tries: bool
+    properties: Mapping[str, Any], letter: DeadLetterRecord, *, keep_tries: bool
 ) -> dict[str, Any]:
     copied = {k: v for k, v in properties.items() if k not in DROPPED_PROPERTIES}
     headers = dict(copied.get("application_headers") or {})

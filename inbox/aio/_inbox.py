@@ -71,7 +71,7 @@ class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeli
         self, effect_store: AsyncEngine | None, effect_table: str | Table, *, tenants: bool
     ) -> None:
         self._batches = AsyncBatchProcessor(
-            self._registry, self._transaction, self._guards, self._backoff, self._settle
+            self._registry, self._transaction, self._guards, self._backoff, self._run_planned
         )
         self._effects = AsyncEffects(
             self, effect_store, effect_table, self._backoff, tenants=tenants
@@ -179,13 +179,13 @@ class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeli
         planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
-        return await self._settle(planned)
+        return await self._run_planned(planned)
 
     async def _process(self, message: Message) -> ProcessResult:
         planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
-        return await self._settle(planned)
+        return await self._run_planned(planned)
 
     async def process_batch(self, messages: Sequence[Message]) -> list[ProcessResult | InboxError]:
         """Process many messages in ONE transaction, with one claim statement per handler;
@@ -219,7 +219,7 @@ class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeli
         propagates as itself."""
         return await self._effects.run(step, call, mode)
 
-    async def _settle(self, planned: Planned) -> ProcessResult:
+    async def _run_planned(self, planned: Planned) -> ProcessResult:
         # The decisions are settle()'s (inbox/core/_settlement.py); here they are awaited.
         steps, reply = settle(planned, self._backoff), None
         while not isinstance(step := advance(steps, reply), ProcessResult):

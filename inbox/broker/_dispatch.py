@@ -25,11 +25,11 @@ from inbox.delivery.topology import QueueTopology
 from inbox.message import Message
 from inbox.result import ProcessResult
 
-__all__ = ["Dispatcher", "Inbound"]
+__all__ = ["Consumed", "Dispatcher"]
 
 logger = logging.getLogger("inbox.worker")
 
-Inbound = tuple[QueueTopology, Delivery, BaseException | None]
+Consumed = tuple[QueueTopology, Delivery, BaseException | None]
 """A delivery as kombu hands it over: its queue, the message, kombu's decode error if any."""
 
 
@@ -88,9 +88,9 @@ class Dispatcher:
             raise
         except BaseException as exc:  # any other escape is a failed try, never a dead worker
             outcome = exc
-        self._settle(topology, delivery, message, outcome)
+        self._conclude(topology, delivery, message, outcome)
 
-    def handle_batch(self, batch: Sequence[Inbound]) -> None:
+    def handle_batch(self, batch: Sequence[Consumed]) -> None:
         """Process ``batch`` through ``Inbox.process_batch`` and settle each delivery."""
         queues = [topology.name for topology, _, _ in batch]
         deliveries = [delivery for _, delivery, _ in batch]
@@ -108,7 +108,7 @@ class Dispatcher:
             # One basic.ack(multiple=True) where the tags allow it (see _acks.py).
             self.acks.ack(deliveries, deferred, self._forwarder.holding)
 
-    def _handle_batch(self, batch: Sequence[Inbound]) -> None:
+    def _handle_batch(self, batch: Sequence[Consumed]) -> None:
         admitted = []
         for topology, delivery, decode_error in batch:
             message = self._admit(topology, delivery, decode_error)
@@ -125,7 +125,7 @@ class Dispatcher:
             outcomes = [exc] * len(admitted)
         # Every message that committed is acked only now, after the batch's commit.
         for (topology, delivery, message), outcome in zip(admitted, outcomes, strict=True):
-            self._settle(topology, delivery, message, outcome)
+            self._conclude(topology, delivery, message, outcome)
 
     def _admit(
         self, topology: QueueTopology, delivery: Delivery, decode_error: BaseException | None
@@ -142,7 +142,7 @@ class Dispatcher:
             return None
         return read
 
-    def _settle(
+    def _conclude(
         self,
         topology: QueueTopology,
         delivery: Delivery,

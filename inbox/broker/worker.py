@@ -18,7 +18,7 @@ from kombu.mixins import ConsumerMixin
 from inbox._amqp.connections import consuming_connection
 from inbox._cli.signals import install_signal_handlers
 from inbox.broker._declare import declare_topology, kombu_queue
-from inbox.broker._dispatch import Dispatcher, Inbound
+from inbox.broker._dispatch import Consumed, Dispatcher
 from inbox.broker._forwarder import Forwarder
 from inbox.broker._options import check_options
 from inbox.core import Inbox
@@ -85,8 +85,8 @@ class Worker(ConsumerMixin):
         self._tearing_down = False
         self._idle_timeout: float | None = None  # set by test support and the demo only
         self._live_connection: Connection | None = None
-        self._inbound: deque[Inbound] = deque()
-        self._batch: list[Inbound] = []
+        self._inbound: deque[Consumed] = deque()
+        self._batch: list[Consumed] = []
         self._busy = False
         self._last_stats = time.monotonic()
         self.heartbeat = time.monotonic()

@@ -65,7 +65,7 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
         self, effect_store: Engine | None, effect_table: str | Table, *, tenants: bool
     ) -> None:
         self._batches = BatchProcessor(
-            self._registry, self._transaction, self._guards, self._backoff, self._settle
+            self._registry, self._transaction, self._guards, self._backoff, self._run_planned
         )
         self._effects = Effects(self, effect_store, effect_table, self._backoff, tenants=tenants)
 
@@ -183,13 +183,13 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
         planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
-        return self._settle(planned)
+        return self._run_planned(planned)
 
     def _process(self, message: Message) -> ProcessResult:
         planned = self._plan(message)
         if isinstance(planned, ProcessResult):
             return planned
-        return self._settle(planned)
+        return self._run_planned(planned)
 
     def process_batch(self, messages: Sequence[Message]) -> list[ProcessResult | InboxError]:
         """Process many messages in ONE transaction, with one claim statement per handler,
@@ -237,7 +237,7 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
         """
         return self._effects.run(step, call, mode)
 
-    def _settle(self, planned: Planned) -> ProcessResult:
+    def _run_planned(self, planned: Planned) -> ProcessResult:
         # The decisions are settle()'s (inbox/core/_settlement.py); here they are carried out.
         steps, reply = settle(planned, self._backoff), None
         while not isinstance(step := advance(steps, reply), ProcessResult):

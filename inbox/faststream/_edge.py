@@ -239,14 +239,14 @@ class InboxEdge:
                 self._prepared = True
 
     async def _ack(self, msg: StreamMessage[Any]) -> None:
-        if await self._settle(msg, ack=True):
+        if await self._answer_broker(msg, ack=True):
             self._settling.acked()
 
     async def _give_back(self, msg: StreamMessage[Any]) -> None:
-        if await self._settle(msg, ack=False):
+        if await self._answer_broker(msg, ack=False):
             self.stats.requeued += 1
 
-    async def _settle(self, msg: StreamMessage[Any], *, ack: bool) -> bool:
+    async def _answer_broker(self, msg: StreamMessage[Any], *, ack: bool) -> bool:
         try:
             await (msg.ack() if ack else msg.nack())
         except Exception:

@@ -6,6 +6,6 @@ PostgreSQL table are published by :mod:`inbox.partitioning`; ``inbox-cleanup`` i
 internal. See docs/operations.md.
 """
 
-from inbox.retention._purge import MAX_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
+from inbox.retention._purge import MAX_CLEANUP_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
 
-__all__ = ["MAX_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]
+__all__ = ["MAX_CLEANUP_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]

@@ -35,13 +35,13 @@ from inbox.schema import (
 __all__ = [
     "DEFAULT_BATCH_SECONDS",
     "MAX_BATCH_SECONDS",
-    "MAX_BATCH_SIZE",
+    "MAX_CLEANUP_BATCH_SIZE",
     "CleanupReport",
     "cleanup",
     "cutoff_for",
 ]
 
-MAX_BATCH_SIZE: Final = 1_000_000
+MAX_CLEANUP_BATCH_SIZE: Final = 1_000_000
 """The largest ``batch_size`` :func:`cleanup` accepts."""
 MIN_BATCH_SECONDS: Final = 0.001
 MAX_BATCH_SECONDS: Final = 60.0
@@ -170,9 +170,9 @@ def _check_batching(batch_size: int | None, batch_seconds: float, pause_seconds:
             raise ConfigurationError(
                 f"batch_size must be a whole number, got {type(batch_size).__name__}"
             )
-        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        if not 1 <= batch_size <= MAX_CLEANUP_BATCH_SIZE:
             raise ConfigurationError(
-                f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}"
+                f"batch_size must be between 1 and {MAX_CLEANUP_BATCH_SIZE}, got {batch_size}"
             )
     _check_seconds("batch_seconds", batch_seconds, MIN_BATCH_SECONDS)
     _check_seconds("pause_seconds", pause_seconds, 0.0)

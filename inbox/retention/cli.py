@@ -35,7 +35,7 @@ from inbox.partitioning._layout import DEFAULT_DAYS_AHEAD
 from inbox.retention._purge import (
     DEFAULT_BATCH_SECONDS,
     MAX_BATCH_SECONDS,
-    MAX_BATCH_SIZE,
+    MAX_CLEANUP_BATCH_SIZE,
     CleanupReport,
     cleanup,
     cutoff_for,
@@ -66,7 +66,7 @@ def _cleanup_parser() -> UsageParser:
     )
     parser.add_argument(
         "--batch-size",
-        type=whole_number(1, MAX_BATCH_SIZE),
+        type=whole_number(1, MAX_CLEANUP_BATCH_SIZE),
         default=None,
         help="rows deleted per transaction (default: as many as take --batch-ms)",
     )

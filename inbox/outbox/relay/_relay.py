@@ -43,7 +43,7 @@ __all__ = ["OutboxStatus", "Relay", "RelayStats", "outbox_status"]
 
 logger = logging.getLogger("inbox.relay")
 
-MAX_BATCH_SIZE: Final = 10_000
+MAX_RELAY_BATCH_SIZE: Final = 10_000
 _DELETE_RETRIES: Final = 5
 
 
@@ -76,7 +76,7 @@ class Relay:
         listen: bool = True,
         stats_interval: float | None = 60.0,
     ) -> None:
-        check_whole("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        check_whole("batch_size", batch_size, 1, MAX_RELAY_BATCH_SIZE)
         for name, value in (
             ("poll_interval", poll_interval),
             ("confirm_timeout", confirm_timeout),
@@ -233,7 +233,7 @@ class Relay:
                     if not len(taken):
                         return 0
                     sent = self._publisher.publish(taken.rows, taken.header_sizes)
-                    self._settle(connection, taken, sent, now)
+                    self._record_answers(connection, taken, sent, now)
             except DBAPIError:
                 if sent.confirmed:
                     self._delete_again(taken, sent, now)
@@ -243,7 +243,7 @@ class Relay:
             raise BrokerLost(error_line(sent.lost)) from sent.lost
         return len(taken)
 
-    def _settle(
+    def _record_answers(
         self, connection: DatabaseConnection, taken: Taken, sent: Sent, now: dt.datetime
     ) -> None:
         """Delete the confirmed rows, record the refused ones (the seam between the publish

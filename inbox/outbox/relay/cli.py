@@ -36,7 +36,7 @@ from inbox._cli.signals import install_signal_handlers
 from inbox._oneline import database_error_line
 from inbox.core._startup import SchemaNotReady
 from inbox.errors import ConfigurationError
-from inbox.outbox.relay._relay import MAX_BATCH_SIZE, Relay, outbox_status
+from inbox.outbox.relay._relay import MAX_RELAY_BATCH_SIZE, Relay, outbox_status
 from inbox.outbox.relay._rows import resolve_outbox_table
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME
 
@@ -65,7 +65,7 @@ def _relay_parser() -> UsageParser:
     )
     parser.add_argument(
         "--batch-size",
-        type=whole_number(1, MAX_BATCH_SIZE),
+        type=whole_number(1, MAX_RELAY_BATCH_SIZE),
         default=100,
         help="rows published and confirmed together (default 100)",
     )

@@ -294,7 +294,7 @@ def test_a_url_the_fixtures_cannot_use_is_a_clear_error(pytester: pytest.Pyteste
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*ValueError: INBOX_TESTING_DATABASE_URL: the fixtures create databases on "
+            "*ConfigurationError: INBOX_TESTING_DATABASE_URL: the fixtures create databases on "
             "postgresql, mysql, mariadb servers (SQLite is the default without a URL), got "
             "'sqlite'"
         ]

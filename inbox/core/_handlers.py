@@ -7,6 +7,7 @@ import inspect
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -209,15 +210,36 @@ class Registry:
                     f"({existing.func!r}); give one of them a different name='...'"
                 )
             self._handlers[handler.name] = handler
-            handlers = tuple(self._handlers.values())
-            # Routes are rebuilt here, once per registration, and only for registered
-            # types: message types arrive from outside and must not grow a cache.
-            types = {h.message_type for h in handlers if h.message_type is not None}
-            self._by_type = {
-                t: tuple(h for h in handlers if h.message_type in (None, t)) for t in types
-            }
-            self._catch_all = tuple(h for h in handlers if h.message_type is None)
-            self.typed = any(h.parse_body is not None for h in handlers)
+            self._route()
+
+    @contextmanager
+    def substituted(self, handler: RegisteredHandler) -> Iterator[None]:
+        """Run the handler registered under ``handler.name`` as ``handler`` inside the
+        block, everywhere the registry routes (``process()`` and ``process_batch()``): for
+        the failure injection of :mod:`inbox.testing`."""
+        with self._lock:
+            original = self._handlers.get(handler.name)
+            if original is None:
+                raise RegistrationError(f"no handler named {handler.name!r} is registered")
+            self._handlers[handler.name] = handler
+            self._route()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._handlers[handler.name] = original
+                self._route()
+
+    def _route(self) -> None:
+        handlers = tuple(self._handlers.values())
+        # Routes are rebuilt here, once per registration, and only for registered
+        # types: message types arrive from outside and must not grow a cache.
+        types = {h.message_type for h in handlers if h.message_type is not None}
+        self._by_type = {
+            t: tuple(h for h in handlers if h.message_type in (None, t)) for t in types
+        }
+        self._catch_all = tuple(h for h in handlers if h.message_type is None)
+        self.typed = any(h.parse_body is not None for h in handlers)
 
     def for_type(self, message_type: str | None) -> tuple[RegisteredHandler, ...]:
         """The handlers that take ``message_type``: its own plus the catch-alls, in order."""

@@ -3,7 +3,8 @@
 The plugin (``inbox.testing.plugin``, loaded by pytest through the ``pytest11`` entry point)
 provides the ``inbox_*`` fixtures; this package holds what tests call directly:
 :func:`assert_idempotent`, :class:`FakeProvider` for ``inbox.effect``, :class:`WorkerHarness`
-(the worker on kombu's in-memory broker) and :func:`throwaway_database`. See docs/testing.md.
+(the worker on kombu's in-memory broker), :func:`throwaway_database`, and
+:func:`failing_after` to make a handler fail once it ran. See docs/testing.md.
 
 Names are imported when first used, so loading the plugin costs nothing more than
 ``import inbox``.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from inbox.testing._databases import DATABASE_URL_ENV, ThrowawayDatabase, throwaway_database
+    from inbox.testing._scenarios import InjectedFailure, SimulatedCrash, failing_after
     from inbox.testing.asserts import NotIdempotent, assert_idempotent, assert_idempotent_async
     from inbox.testing.fakes import FakeProvider, FakeProviderError
     from inbox.testing.harness import DeadLetterCopy, WorkerHarness
@@ -25,11 +27,14 @@ __all__ = [
     "DeadLetterCopy",
     "FakeProvider",
     "FakeProviderError",
+    "InjectedFailure",
     "NotIdempotent",
+    "SimulatedCrash",
     "ThrowawayDatabase",
     "WorkerHarness",
     "assert_idempotent",
     "assert_idempotent_async",
+    "failing_after",
     "throwaway_database",
 ]
 
@@ -44,6 +49,9 @@ _HOMES = {
     "FakeProviderError": "inbox.testing.fakes",
     "DeadLetterCopy": "inbox.testing.harness",
     "WorkerHarness": "inbox.testing.harness",
+    "InjectedFailure": "inbox.testing._scenarios",
+    "SimulatedCrash": "inbox.testing._scenarios",
+    "failing_after": "inbox.testing._scenarios",
 }
 
 

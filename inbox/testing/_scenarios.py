@@ -1,12 +1,12 @@
 """The deliveries ``assert_idempotent`` puts a message through, as the real world would, as
 generators of steps that do no I/O: a blocking and an async driver run the same ones.
 
-Failures are injected by running the inbox with a patched copy of its handler table: the
-chosen handler's function is wrapped so that, once the user's function has returned (its
-writes made in the inbox's transaction), the wrapper raises. The inbox cannot tell that from
-the handler failing at its last line, so it rolls the transaction back exactly as it would
-in production; nothing in the inbox's own modules knows about tests. The original table is
-put back when the delivery is over.
+Failures are injected by :func:`failing_after`: inside its block the inbox's handler table
+routes the chosen handler to a wrapper that raises once the user's function has returned (its
+writes made in the inbox's transaction). The inbox cannot tell that from the handler failing
+at its last line, so it rolls the transaction back exactly as it would in production, in
+``process()`` and in ``process_batch()``. The original handler is put back when the block
+ends.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, TypeAlias
 
 from sqlalchemy import Connection
 
-from inbox.core._handlers import HandlerFunc, Registry, is_coroutine_callable
+from inbox.core._handlers import HandlerFunc, is_coroutine_callable
 from inbox.core._registration import AnyInbox
-from inbox.errors import HandlerFailed
+from inbox.errors import HandlerFailed, RegistrationError
 from inbox.result import Outcome, ProcessResult
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Scenario",
     "SimulatedCrash",
     "Steps",
+    "failing_after",
     "raising_after",
     "scenarios",
 ]
@@ -40,7 +41,8 @@ _CORE_LOG = logging.getLogger("inbox.core")
 
 
 class InjectedFailure(Exception):
-    """Raised by ``assert_idempotent`` right after a handler ran: its transaction rolls back."""
+    """Raised by ``assert_idempotent`` (or :func:`failing_after`) right after a handler ran:
+    its transaction rolls back."""
 
 
 class SimulatedCrash(SystemExit):
@@ -136,20 +138,32 @@ def raising_after(inbox: AnyInbox, step: Deliver) -> Iterator[None]:
     if step.failing is None:
         yield
         return
-    original = inbox._registry
-    patched = Registry()
-    for handler in original:
-        wrapped = _then_raise(handler.func, step.failing, step.error)
-        patched.add(replace(handler, func=wrapped) if handler.name == step.failing else handler)
-    # process() routes through this attribute at every call; a test runs one delivery at
-    # a time, so swapping it for the delivery is safe.
-    inbox._registry = patched
+    with failing_after(inbox, step.failing, step.error):
+        yield
+
+
+@contextmanager
+def failing_after(
+    inbox: AnyInbox,
+    handler: str,
+    error: type[InjectedFailure] | type[SimulatedCrash] = InjectedFailure,
+) -> Iterator[None]:
+    """Inside the block, the handler named ``handler`` of ``inbox`` raises ``error`` right
+    after its function returned, its writes made: its transaction rolls back as it would if
+    the handler failed at its last line, in ``process()`` and ``process_batch()`` alike (a
+    batch bisects down to the message). The inbox's log of these injected failures is kept
+    quiet. Raises :class:`~inbox.RegistrationError` for a name that is not registered.
+    """
+    registered = {h.name: h for h in inbox.handlers}.get(handler)
+    if registered is None:
+        raise RegistrationError(f"no handler named {handler!r} is registered on this inbox")
+    wrapped = replace(registered, func=_then_raise(registered.func, handler, error))
     _CORE_LOG.addFilter(_hide_injected)
     try:
-        yield
+        with inbox._registry.substituted(wrapped):
+            yield
     finally:
         _CORE_LOG.removeFilter(_hide_injected)
-        inbox._registry = original
 
 
 def _then_raise(

@@ -13,14 +13,7 @@ import uuid6
 
 from inbox.errors import InvalidMessage
 
-__all__ = [
-    "IDEMPOTENCY_KEY_HEADER",
-    "KEY_NAMESPACE",
-    "Message",
-    "key_bytes",
-    "parse_message_id",
-    "uuid7",
-]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "KEY_NAMESPACE", "Message", "uuid7"]
 
 KEY_NAMESPACE: Final = uuid.UUID("8aab2b60-68a4-4999-8d5c-14d0fb80cbe2")
 """UUIDv5 namespace under which string keys become 16 bytes: ``uuid5(KEY_NAMESPACE, key)``.

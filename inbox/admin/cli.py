@@ -53,13 +53,7 @@ from inbox.schema import (
     resolve_table,
 )
 
-__all__ = [
-    "BROKER_URL_ENV",
-    "EXIT_BROKER_ERROR",
-    "EXIT_NOT_FOUND",
-    "admin_main",
-    "command_parsers",
-]
+__all__ = ["admin_main"]
 
 EXIT_BROKER_ERROR: Final = EXIT_DATABASE_ERROR
 EXIT_NOT_FOUND: Final = _commands.EXIT_NOT_FOUND

@@ -49,12 +49,7 @@ from inbox.delivery.codec import JSON
 from inbox.delivery.topology import DEFAULT_MAX_TRIES, DEFAULT_RETRY_DELAYS, QueueType, RetryPolicy
 from inbox.errors import ConfigurationError, SessionConfigurationError, UnsupportedDialect
 
-__all__ = [
-    "EXIT_BROKER_ERROR",
-    "EXIT_CONFIGURATION_ERROR",
-    "load_inbox",
-    "worker_main",
-]
+__all__ = ["load_inbox", "worker_main"]
 
 EXIT_BROKER_ERROR = EXIT_DATABASE_ERROR
 EXIT_CONFIGURATION_ERROR = 3

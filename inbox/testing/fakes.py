@@ -11,7 +11,7 @@ from typing import Any
 
 from inbox.errors import ConfigurationError
 
-__all__ = ["FakeProvider", "FakeProviderError", "live_providers"]
+__all__ = ["FakeProvider", "FakeProviderError"]
 
 _LIVE: weakref.WeakSet[FakeProvider] = weakref.WeakSet()
 

@@ -7,7 +7,7 @@ delivery: each (message, handler) pair commits its database effects once and onl
 
 from inbox.core import Inbox
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler
-from inbox.core.effects._ledger import EffectMode
+from inbox.core.effects._identity import EffectMode
 from inbox.errors import (
     ClaimCommittedEarly,
     ConfigurationError,

@@ -17,7 +17,7 @@ from support.effects import order
 from support.ledger import Provider
 
 from inbox import CleanupReport, HandlerFailed, Inbox, Message, Outcome, cleanup
-from inbox.core.effects._ledger import effect_key
+from inbox.core.effects._identity import effect_key
 from inbox.partitioning import create_partitioned_table
 from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_effect, inbox_message

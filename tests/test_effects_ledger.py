@@ -13,7 +13,8 @@ from support.databases import Database
 
 from inbox import HandlerFailed, ProcessResult, UncertainEffect
 from inbox.broker import RetryPolicy
-from inbox.core.effects._ledger import Call, EffectMode, EffectRef, Ledger, Stored, effect_key
+from inbox.core.effects._identity import EffectMode, EffectRef, effect_key
+from inbox.core.effects._ledger import Call, Ledger, Stored
 from inbox.delivery._policy import DeadLetter, DeadLetterReason, decide
 from inbox.schema import inbox_effect
 

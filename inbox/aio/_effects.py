@@ -27,7 +27,8 @@ from inbox.core.effects._blocking import (
     now,
     refuse_sqlite_claim_store,
 )
-from inbox.core.effects._ledger import Call, EffectRef, Ledger, Stored
+from inbox.core.effects._identity import EffectRef
+from inbox.core.effects._ledger import Call, Ledger, Stored
 from inbox.core.effects._pool import LedgerEngines
 from inbox.core.effects._results import (
     Kept,

@@ -21,7 +21,7 @@ from inbox.core._registration import InboxBase
 from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
 from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
-from inbox.core.effects._ledger import EffectMode
+from inbox.core.effects._identity import EffectMode
 from inbox.errors import InboxError, SessionConfigurationError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult

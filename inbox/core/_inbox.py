@@ -20,7 +20,7 @@ from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
 from inbox.core._transaction import HandlerTransaction
 from inbox.core.effects._blocking import EffectCall, Effects
-from inbox.core.effects._ledger import EffectMode
+from inbox.core.effects._identity import EffectMode
 from inbox.errors import InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult

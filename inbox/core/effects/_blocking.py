@@ -21,18 +21,16 @@ from sqlalchemy import Engine, Table
 from inbox.core._backends import check_supported
 from inbox.core._retry import Backoff, run_with_retries
 from inbox.core._run import HandlerRun, current_run
-from inbox.core.effects._ledger import (
-    Call,
+from inbox.core.effects._identity import (
     EffectMode,
     EffectRef,
-    Ledger,
-    Stored,
     effect_key,
     is_version_1,
     parse_mode,
     validate_step,
     version_1_key,
 )
+from inbox.core.effects._ledger import Call, Ledger, Stored
 from inbox.core.effects._pool import LedgerEngines
 from inbox.core.effects._results import (
     Kept,

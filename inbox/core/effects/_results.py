@@ -22,7 +22,8 @@ from typing import Any, Final
 from sqlalchemy.exc import DataError, DBAPIError
 
 from inbox._oneline import describe_error
-from inbox.core.effects._ledger import EffectRef, ResultTooLarge
+from inbox.core.effects._identity import EffectRef
+from inbox.core.effects._ledger import ResultTooLarge
 from inbox.errors import EffectError
 
 __all__ = ["Kept", "KeptResults", "encode_result", "refuses_result", "result_refused"]

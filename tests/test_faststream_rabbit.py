@@ -380,7 +380,10 @@ def test_a_connection_the_broker_closes_loses_and_doubles_nothing(
 
     assert dropped, "no connection of the subscriber was found to drop"
     assert pg_db.effect_counts() == {(ref, HANDLER): 1 for ref in refs}
-    assert subscription.stats.processed == len(refs)
+    # A delivery the dropped connection cut short after its commit (its task cancelled before
+    # the ack) is counted when it comes again, as a duplicate: each ref is counted once or more.
+    stats = subscription.stats
+    assert stats.processed <= len(refs) <= stats.processed + stats.duplicates, stats
     assert subscription.stats.dead_lettered == 0
     counts = queue_counts(rabbit)
     assert counts[queue] == (0, 0), counts

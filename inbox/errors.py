@@ -185,3 +185,8 @@ class ClaimCommittedEarly(TransactionControlError):
 class PublishError(InboxError):
     """The broker did not take a published message: unroutable (no queue bound for it) or
     nacked. The message was not delivered; publishing it again is safe."""
+
+
+SETUP_ERRORS: tuple[type[InboxError], ...] = (SessionConfigurationError, UnsupportedDialect)
+"""Errors that say the inbox is set up wrong, not that a message failed: raised as themselves
+at once (no handler failure recorded, nothing retried), and they stop a worker."""

@@ -497,3 +497,19 @@ def test_the_blocking_inbox_and_its_tools_load_no_asyncio_layer() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_delivery_policy_imports_no_database_and_no_broker_library() -> None:
+    """delivery/ is the I/O-free policy every edge shares: no SQLAlchemy, no broker client."""
+    package = Path(inbox.__file__).parent / "delivery"
+    forbidden = {"sqlalchemy", "kombu", "amqp", "faststream", "aio_pika", "aiormq", "pamqp"}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in forbidden, f"delivery/{path.name} imports {name}"

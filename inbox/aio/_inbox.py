@@ -18,11 +18,11 @@ from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.core._chain import AsyncDeliveryHook, AsyncMiddleware
 from inbox.core._handlers import KeyFunc, RegisteredHandler, require_async
 from inbox.core._registration import InboxBase
-from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
+from inbox.core._routing import Planned, require_messages
 from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
 from inbox.core.effects._identity import EffectMode
-from inbox.errors import InboxError, SessionConfigurationError
+from inbox.errors import SETUP_ERRORS, InboxError, SessionConfigurationError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 
@@ -199,7 +199,7 @@ class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeli
     async def _process_or_error(self, message: Message) -> ProcessResult | InboxError:
         try:
             return await self.process(message)
-        except CONFIGURATION_ERRORS:
+        except SETUP_ERRORS:
             raise
         except InboxError as exc:
             return exc

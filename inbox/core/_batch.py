@@ -19,10 +19,10 @@ from inbox.core._batch_handlers import batched
 from inbox.core._guards import Guards
 from inbox.core._handlers import RegisteredHandler, Registry
 from inbox.core._retry import Backoff, is_transient, run_with_retries
-from inbox.core._routing import CONFIGURATION_ERRORS, Planned
+from inbox.core._routing import Planned
 from inbox.core._settlement import Settlement
 from inbox.core._transaction import HandlerTransaction
-from inbox.errors import ClaimCommittedEarly, HandlerFailed, InboxError
+from inbox.errors import SETUP_ERRORS, ClaimCommittedEarly, HandlerFailed, InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 
@@ -106,7 +106,7 @@ def settle(batch: Sequence[Planned], retries: int) -> Steps:
     try:
         together: list[BatchResult] = yield Together(batch)
         return together
-    except CONFIGURATION_ERRORS:
+    except SETUP_ERRORS:
         raise
     except ClaimCommittedEarly as early:
         # A handler committed the batch's claims under the inbox: which handlers' writes

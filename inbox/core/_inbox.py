@@ -15,13 +15,13 @@ from inbox.core._batch_handlers import BatchHandlerFunc
 from inbox.core._chain import DeliveryHook, Middleware
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox.core._registration import InboxBase
-from inbox.core._routing import CONFIGURATION_ERRORS, Planned, require_messages
+from inbox.core._routing import Planned, require_messages
 from inbox.core._sessions import check_session_factory
 from inbox.core._settlement import Failed, Pause, Run, advance, settle
 from inbox.core._transaction import HandlerTransaction
 from inbox.core.effects._blocking import EffectCall, Effects
 from inbox.core.effects._identity import EffectMode
-from inbox.errors import InboxError
+from inbox.errors import SETUP_ERRORS, InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 
@@ -212,7 +212,7 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
     def _process_or_error(self, message: Message) -> ProcessResult | InboxError:
         try:
             return self.process(message)
-        except CONFIGURATION_ERRORS:
+        except SETUP_ERRORS:
             raise
         except InboxError as exc:
             return exc

@@ -6,27 +6,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from inbox.core._bodies import BodyRejected
 from inbox.core._handlers import RegisteredHandler, Registry
 from inbox.errors import (
     ConfigurationError,
     InvalidBody,
-    SessionConfigurationError,
     UnhandledMessage,
-    UnsupportedDialect,
 )
 from inbox.message import Message
 from inbox.result import ProcessResult, Unhandled
 
-__all__ = ["CONFIGURATION_ERRORS", "Planned", "describe", "plan", "require_messages"]
+__all__ = ["Planned", "describe", "plan", "require_messages"]
 
 logger = logging.getLogger("inbox.core")
-
-CONFIGURATION_ERRORS: Final = (SessionConfigurationError, UnsupportedDialect)
-"""Errors that say the inbox is set up wrong, not that a message failed: they are raised as
-themselves at once (no handler failure recorded, nothing retried)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from typing import TypeAlias
 from inbox._oneline import describe_error
 from inbox.core._handlers import RegisteredHandler
 from inbox.core._retry import Backoff, log_retry
-from inbox.core._routing import CONFIGURATION_ERRORS, Planned, describe
-from inbox.errors import HandlerFailed
+from inbox.core._routing import Planned, describe
+from inbox.errors import SETUP_ERRORS, HandlerFailed
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 from inbox.telemetry._core import MessageWatch, watch
@@ -75,7 +75,7 @@ def settle(planned: Planned, backoff: Backoff) -> Steps:
                     settlement.done(handler.name, done)  # type: ignore[arg-type]
                     break
                 error = done.error
-                if isinstance(error, CONFIGURATION_ERRORS) or not isinstance(error, Exception):
+                if isinstance(error, SETUP_ERRORS) or not isinstance(error, Exception):
                     raise error
                 delay = backoff.delay_after(error, reruns)
                 if delay is None:

@@ -15,14 +15,13 @@ from typing import Any
 from inbox.delivery import headers as h
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import (
+    SETUP_ERRORS,
     HandlerFailed,
     InvalidBody,
     InvalidKey,
-    SessionConfigurationError,
     TransactionControlError,
     UncertainEffect,
     UnhandledMessage,
-    UnsupportedDialect,
 )
 from inbox.result import ProcessResult
 
@@ -41,7 +40,6 @@ __all__ = [
 
 # A misconfigured session factory or database is not the message's fault: every message
 # would fail the same way, so none of them may be retried away or dead-lettered.
-_CONFIGURATION_ERRORS = (SessionConfigurationError, UnsupportedDialect)
 
 
 class DeadLetterReason(StrEnum):
@@ -113,7 +111,7 @@ def decide(
         raise TypeError(f"{type(outcome).__name__} stops the worker; it is not decided on")
     failures = outcome.failures if isinstance(outcome, HandlerFailed) else {}
     for raised in (outcome, *failures.values()):
-        if isinstance(raised, _CONFIGURATION_ERRORS):
+        if isinstance(raised, SETUP_ERRORS):
             return Halt(raised)
     if isinstance(outcome, UnhandledMessage):
         return DeadLetter(DeadLetterReason.UNHANDLED_TYPE, str(outcome))

@@ -192,6 +192,9 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
     parser.add_argument(
+        "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
+    )
+    parser.add_argument(
         "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
     )
     parser.add_argument("--dry-run", action="store_true", help="count, change nothing")

@@ -1,0 +1,43 @@
+"""What one console serves: the database tables, the broker and its queues, whether it may
+change anything, and who may use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import Engine
+
+from inbox.admin._commands import Tables
+from inbox.console._auth import Credentials
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ConsoleSettings"]
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8765
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """Everything :func:`inbox.console.create_app` needs, given once.
+
+    ``broker`` and ``queues``: the RabbitMQ URL and the workers' queues whose dead-letter
+    queues (``<queue>.dlq``) the console shows (none: no dead-letter pages).
+    ``allow_actions``: False (the default) serves a read-only console that refuses every
+    change. ``max_body``: the bytes of a message body shown, at most.
+    """
+
+    engine: Engine
+    tables: Tables
+    credentials: Credentials
+    broker: str | None = None
+    queues: tuple[str, ...] = ()
+    allow_actions: bool = False
+    max_body: int = 4096
+    peek_limit: int = 100
+
+    def __post_init__(self) -> None:
+        if self.queues and not self.broker:
+            raise ValueError("dead-letter queues need a broker URL")
+        if self.max_body < 0 or self.peek_limit < 1:
+            raise ValueError("max_body must be >= 0 and peek_limit >= 1")

@@ -44,7 +44,9 @@ _SECURITY_HEADERS: Final = {
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on a
+    # form POST, and the same-origin check of every action needs the real one.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 _REASONS: Final = tuple(r.value for r in DeadLetterReason)
@@ -851,9 +853,7 @@ async def _problem(request: Request, exc: Exception) -> Response:
 
 async def _failure(request: Request, exc: Exception) -> Response:
     """Any other error: one line, never a traceback or a secret-bearing URL."""
-    return _render_page(
-        request, "problem.html", _user(request), 500, message=f"error: {_one_line(exc)}"
-    )
+    return _render_page(request, "problem.html", None, 500, message=f"error: {_one_line(exc)}")
 
 
 class _SecurityHeaders:

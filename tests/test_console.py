@@ -8,10 +8,16 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import os
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("starlette", reason="the console extra")
@@ -133,7 +139,9 @@ def test_every_page_forbids_scripts_and_framing(pg_db: Database) -> None:
     assert "htmx" in htmx.text[:200]
 
 
-def test_a_read_only_console_refuses_every_action(pg_db: Database, rabbit: Rabbit) -> None:
+def test_a_read_only_console_refuses_every_action(
+    pg_db: Database, rabbit: Rabbit, audit_lines: AuditLines
+) -> None:
     queue = rabbit.queue()
     declare_queues(rabbit, queue)
     message_id = dead_letter(rabbit, queue)
@@ -146,7 +154,7 @@ def test_a_read_only_console_refuses_every_action(pg_db: Database, rabbit: Rabbi
     assert message_id in page.text
     assert "Read-only" in page.text
     assert "Replay" not in page.text
-    assert 'name="csrf"' not in page.text  # no form to act with
+    assert 'action="/dead-letters/' not in page.text  # no form to act with
     attempts = [
         ("/dead-letters/replay", {"queue": queue, "id": message_id, "confirmed": "yes"}),
         ("/dead-letters/purge", {"queue": queue, "confirmed": "yes"}),
@@ -156,14 +164,21 @@ def test_a_read_only_console_refuses_every_action(pg_db: Database, rabbit: Rabbi
         ("/outbox/retry", {"id": str(row)}),
         ("/claims/release", {"q": str(sms.message.id), "handler": SMS_HANDLER, "confirmed": "yes"}),
     ]
+    csrf = csrf_of(page.text)  # the sign-out form's: right, and still refused
     for path, form in attempts:
-        response = client.post(path, data={**form, "csrf": "anything"})
+        response = client.post(path, data={**form, "csrf": csrf})
         assert response.status_code == 403, path
         assert "read-only console" in response.text
+    refusals = [line for line in audit_lines() if "action=refused" in line]
+    assert len(refusals) == len(attempts)
+    assert all("why='read-only'" in line for line in refusals)
 
     assert dlq_ids(rabbit, dead_letter_queue(queue)) == [message_id]
     assert client.get(f"/effects/{key}").status_code == 200
     assert row.hex in client.get("/outbox").text.replace("-", "")
+    signed_out = client.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert signed_out.status_code == 303  # signing out changes nothing of the inbox's
+    assert client.get("/", follow_redirects=False).status_code == 303
 
 
 def test_an_action_without_the_pages_csrf_token_or_from_another_site_is_refused(
@@ -467,3 +482,41 @@ def test_the_command_needs_credentials_from_the_environment_or_a_file(
     defaults = command_parsers()["inbox console"].parse_args([])
     assert defaults.host == "127.0.0.1"
     assert defaults.allow_actions is False
+
+
+def test_inbox_console_serves_on_localhost_with_the_token_from_the_environment(
+    pg_db: Database,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "INBOX_CONSOLE_TOKEN": TOKEN, "INBOX_DATABASE_URL": pg_db.url}
+    command = "import sys; from inbox.admin import admin_main; sys.exit(admin_main())"
+    process = subprocess.Popen(
+        [sys.executable, "-c", command, "console", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line == f"inbox console: http://127.0.0.1:{port}/ (read-only)\n", line + (
+            process.stderr.read() if process.poll() is not None else ""
+        )
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(url, headers={"authorization": f"Bearer {TOKEN}"})
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the console never answered"
+                time.sleep(0.1)
+        assert response.status_code == 200
+        assert "Overview" in response.text
+        assert httpx.get(url).status_code == 303  # no token: to the sign-in page
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -4,6 +4,7 @@ calls the same operations as the ``inbox`` command (:mod:`inbox.admin`) and is a
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections import Counter
@@ -49,6 +50,7 @@ _SECURITY_HEADERS: Final = {
     "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
+_FAILED_LOGIN_PAUSE: Final = 0.5
 _REASONS: Final = tuple(r.value for r in DeadLetterReason)
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
@@ -145,26 +147,34 @@ def page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
-def action(handler: Action) -> Callable[[Request], Awaitable[Response]]:
-    """A change: signed in, actions allowed, same origin, the form's CSRF token right."""
+def action(handler: Action, *, changes: bool = True) -> Callable[[Request], Awaitable[Response]]:
+    """A POST: signed in, same origin, the form's CSRF token right; and, for one that
+    ``changes`` something, actions allowed. A refusal is audited too."""
 
     async def endpoint(request: Request) -> Response:
         user = _user(request)
         if user is None:
             raise HttpProblem(401, "sign in first: this console needs its token or password")
-        if not _settings(request).allow_actions:
+        if changes and not _settings(request).allow_actions:
+            _refused(request, user, "read-only")
             raise HttpProblem(
                 403, "read-only console: it was started without --allow-actions; nothing changed"
             )
         if not _same_origin(request):
+            _refused(request, user, "another origin")
             raise HttpProblem(403, "refused: the form was not sent from this console's page")
         form = await request.form()
         given = form.get("csrf")
         if not isinstance(given, str) or not _equal_text(given, user.csrf):
+            _refused(request, user, "csrf")
             raise HttpProblem(403, "refused: the form's CSRF token is missing or wrong")
         return await handler(request, user, form)
 
     return endpoint
+
+
+def _refused(request: Request, user: User, why: str) -> None:
+    audit(user.who, "refused", 0, {"path": request.url.path, "why": why})
 
 
 def _equal_text(a: str, b: str) -> bool:
@@ -222,6 +232,7 @@ async def login(request: Request) -> Response:
     target = _safe_next(_text(form, "next", "/"))
     if who is None:
         audit("-", "login", 0, {"outcome": "refused", "client": _client(request)})
+        await asyncio.sleep(_FAILED_LOGIN_PAUSE)  # guessing costs time
         return _render_page(
             request, "login.html", None, 401, next=target, error="wrong token or password"
         )
@@ -243,13 +254,15 @@ def _client(request: Request) -> str:
     return request.client.host if request.client else "-"
 
 
-@action
-async def logout(request: Request, user: User, form: FormData) -> Response:
-    """End the session."""
+async def _logout(request: Request, user: User, form: FormData) -> Response:
+    """End the session (also on a read-only console: it changes nothing of the inbox's)."""
     _sessions(request).end(request.cookies.get(SESSION_COOKIE))
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
+
+
+logout = action(_logout, changes=False)
 
 
 # --- overview -------------------------------------------------------------------------------

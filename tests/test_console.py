@@ -205,6 +205,26 @@ def test_an_action_without_the_pages_csrf_token_or_from_another_site_is_refused(
     assert "dropped 1 of 1" in dropped.text
 
 
+def test_every_action_is_also_an_opentelemetry_span(pg_db: Database, rabbit: Rabbit) -> None:
+    from support.telemetry import sdk
+
+    installed = sdk()
+    row = refused_outbox_row(pg_db, rabbit, rabbit.queue("missing"))
+    client = signed_in(settings(pg_db, rabbit))
+    csrf = csrf_of(client.get("/outbox").text)
+    client.post("/outbox/drop", data={"csrf": csrf, "id": str(row), "confirmed": "yes"})
+
+    (span,) = [
+        s
+        for s in installed.spans("inbox.console.action", inbox__console__action="outbox.drop")
+        if (s.attributes or {}).get("inbox.console.chosen") == 1
+    ]
+    attributes = dict(span.attributes or {})
+    assert attributes["inbox.console.who"] == "token"
+    assert attributes["inbox.console.count"] == 1
+    assert [event.name for event in span.events] == ["inbox.audit"]
+
+
 # --- dead letters --------------------------------------------------------------------------
 
 

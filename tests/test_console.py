@@ -6,6 +6,7 @@ audit line; hostile message bodies rendered as text."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import io
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -34,7 +36,7 @@ from console_support import (
     settings,
     tables,
 )
-from sqlalchemy import func, select
+from sqlalchemy import Engine, MetaData, func, insert, select, text
 from sqlalchemy.orm import sessionmaker
 from starlette.testclient import TestClient
 from support.databases import Database
@@ -48,6 +50,7 @@ from inbox.broker import Relay
 from inbox.console import ConsoleSettings, create_app, load_credentials
 from inbox.console._auth import SESSION_COOKIE
 from inbox.delivery import headers as h
+from inbox.schema import effect_table, inbox_table, outbox_table
 
 
 def client_for(console: ConsoleSettings) -> TestClient:
@@ -466,6 +469,62 @@ def test_claims_by_message_id_or_business_key_and_release_one(pg_db: Database) -
         assert connection.execute(select(func.count()).select_from(claims)).scalar_one() == 3
 
 
+@pytest.fixture
+def tenants(pg_db: Database, admin_engines: dict[str, Engine]) -> Iterator[tuple[str, str]]:
+    """Two tenant schemas holding the inbox's tables, on the test's server."""
+    names = (f"t_{uuid.uuid4().hex[:12]}", f"t_{uuid.uuid4().hex[:12]}")
+    with admin_engines["postgresql"].connect() as connection:
+        for name in names:
+            connection.execute(text(f"CREATE SCHEMA {name}"))
+    for name in names:
+        metadata = MetaData()
+        for define in (inbox_table, effect_table, outbox_table):
+            define(metadata, schema=name)
+        metadata.create_all(pg_db.engine)
+    yield names
+    with admin_engines["postgresql"].connect() as connection:
+        for name in names:
+            connection.execute(text(f"DROP SCHEMA {name} CASCADE"))
+
+
+def test_a_tenant_is_chosen_on_the_page_and_actions_stay_in_it(
+    pg_db: Database, tenants: tuple[str, str], audit_lines: AuditLines
+) -> None:
+    first, second = tenants
+    message_id = uuid.uuid4()
+    claims = tables().in_schema(first).claims
+    with pg_db.engine.begin() as connection:
+        connection.execute(
+            insert(claims).values(
+                message_id=message_id,
+                handler="billing.invoice",
+                processed_at=dt.datetime.now(dt.UTC),
+            )
+        )
+    client = signed_in(replace(settings(pg_db, None), schemas=tenants))
+
+    page = client.get("/claims", params={"q": str(message_id)})
+    assert f'<option value="{first}" selected>' in page.text
+    assert "billing.invoice" in page.text
+    csrf = csrf_of(page.text)
+    assert client.post("/schema", data={"csrf": csrf, "schema": "public"}).status_code == 400
+    assert client.post("/schema", data={"schema": second}).status_code == 403  # no CSRF
+    switched = client.post("/schema", data={"csrf": csrf, "schema": second, "back": "/claims"})
+    assert switched.url.path == "/claims"
+    elsewhere = client.get("/claims", params={"q": str(message_id)})
+    assert f'<option value="{second}" selected>' in elsewhere.text
+    assert 'id="not-found"' in elsewhere.text
+
+    form = {"csrf": csrf, "q": str(message_id), "handler": "billing.invoice", "confirmed": "yes"}
+    in_second = client.post("/claims/release", data=form)  # the chosen schema: the second
+    assert "released: 0 claim(s)" in in_second.text
+    released = client.post("/claims/release", data={**form, "schema": first})
+    assert "released: 1 claim(s)" in released.text
+    assert any(f"schema='{first}'" in line and "count=1" in line for line in audit_lines())
+    with pg_db.engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(claims)).scalar_one() == 0
+
+
 # --- the command ---------------------------------------------------------------------------
 
 
@@ -490,6 +549,17 @@ def test_the_command_needs_credentials_from_the_environment_or_a_file(
     assert code == 2
     assert "too short" in err
     assert "short" not in err.replace("too short", "")
+
+    monkeypatch.setenv("INBOX_CONSOLE_TOKEN", TOKEN)
+    sqlite = f"sqlite:///{tmp_path / 'inbox.db'}"
+    code, _, err = run_inbox("console", "--database-url", sqlite, "--all-schemas")
+    assert code == 2
+    assert "SQLite has no schemas" in err
+    code, _, err = run_inbox(
+        "console", "--database-url", pg_db.url, "--schema", "a", "--table", "x.inbox_message"
+    )
+    assert code == 2
+    assert "with schemas, table names are NAME, not SCHEMA.NAME" in err
 
     empty = tmp_path / "token"
     empty.write_text("\n")

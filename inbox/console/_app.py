@@ -23,16 +23,19 @@ from starlette.staticfiles import StaticFiles
 
 from inbox.admin import _dead_letters as _dlq
 from inbox.admin import _status
+from inbox.admin._commands import Tables
 from inbox.console import _dead_letter_pages as letters
 from inbox.console import _record_pages as records
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
 from inbox.console._settings import ConsoleSettings
 from inbox.console._web import (
+    SCHEMA_COOKIE,
     HttpProblem,
     SecurityHeaders,
     User,
     action,
+    current_schema,
     failure_page,
     form_text,
     one_line,
@@ -42,6 +45,7 @@ from inbox.console._web import (
     same_origin,
     sessions_of,
     settings_of,
+    tables_of,
 )
 
 __all__ = ["create_app"]
@@ -117,6 +121,27 @@ async def _logout(request: Request, user: User, form: FormData) -> Response:
 
 logout = action(_logout, changes=False)
 
+
+async def _choose_schema(request: Request, user: User, form: FormData) -> Response:
+    """Work on another tenant schema (a cookie; the page shows which)."""
+    schema = current_schema(request, form)
+    if schema is None:
+        raise HttpProblem(404, "this console has no schemas (start it with --schema)")
+    back = _safe_next(form_text(form, "back", "/"))
+    response = RedirectResponse(back, status_code=303)
+    response.set_cookie(
+        SCHEMA_COOKIE,
+        schema,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return response
+
+
+choose_schema = action(_choose_schema, changes=False)
+
 # --- overview -------------------------------------------------------------------------------
 
 
@@ -144,8 +169,7 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
     return QueueSummary(queue, name, present, dict(reasons.most_common()))
 
 
-def _overview(settings: ConsoleSettings) -> dict[str, Any]:
-    t = settings.tables
+def _overview(settings: ConsoleSettings, t: Tables) -> dict[str, Any]:
     report = _status.read_status(settings.engine, t.claims, t.outbox, t.effects)
     recent = {
         "the last minute": _status.recent_claims(
@@ -178,14 +202,14 @@ def _overview(settings: ConsoleSettings) -> dict[str, Any]:
 @page
 async def overview(request: Request, user: User) -> Response:
     """Claims, dead letters, uncertain effects and the outbox backlog at a glance."""
-    data = await run_in_threadpool(_overview, settings_of(request))
+    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request))
     return render_page(request, "overview.html", user, **data)
 
 
 @page
 async def overview_counts(request: Request, user: User) -> Response:
     """The overview's counts alone, for htmx to refresh them in place."""
-    data = await run_in_threadpool(_overview, settings_of(request))
+    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request))
     return render_page(request, "_counts.html", user, **data)
 
 
@@ -198,6 +222,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/login", login_page, methods=["GET"]),
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),
+            Route("/schema", choose_schema, methods=["POST"]),
             Route("/", overview, methods=["GET"]),
             Route("/overview/counts", overview_counts, methods=["GET"]),
             Route("/dead-letters", letters.dead_letters, methods=["GET"]),

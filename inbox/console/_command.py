@@ -13,8 +13,10 @@ from sqlalchemy import Engine
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
 from inbox.admin._commands import Streams, Tables
+from inbox.admin._status import read_status
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
+from inbox.retention._targets import schemas_holding
 
 __all__ = ["EXTRA_MISSING", "add_options", "run"]
 
@@ -51,6 +53,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--user", help=f"the HTTP Basic user (default ${USER_ENV} or operator)")
     parser.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
+    tenants = parser.add_mutually_exclusive_group()
+    tenants.add_argument(
+        "--schema",
+        dest="tenant_schemas",
+        action="append",
+        default=[],
+        help="a tenant schema (sessions_for; repeat): every page has a selector",
+    )
+    tenants.add_argument(
+        "--all-schemas",
+        dest="all_tenant_schemas",
+        action="store_true",
+        help="every schema holding the claims table when the console starts",
+    )
 
 
 def run(
@@ -66,6 +82,13 @@ def run(
         from inbox.console._app import create_app
     except ImportError:
         raise UsageError(EXTRA_MISSING) from None
+    schemas = tuple(
+        schemas_holding(engine, tables.claims.name)
+        if args.all_tenant_schemas
+        else args.tenant_schemas
+    )
+    if args.all_tenant_schemas and not schemas:
+        raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")
     settings = ConsoleSettings(
         engine,
         tables,
@@ -74,10 +97,10 @@ def run(
         tuple(args.queues),
         allow_actions=args.allow_actions,
         max_body=args.max_body,
+        schemas=schemas,
     )
-    from inbox.admin._status import read_status
-
-    read_status(engine, tables.claims, tables.outbox, tables.effects)  # fail now, not per page
+    first = tables.in_schema(schemas[0]) if schemas else tables
+    read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page
     mode = "actions allowed" if args.allow_actions else "read-only"
     io.out.write(f"inbox console: http://{_shown(args.host)}:{args.port}/ ({mode})\n")
     if not _loopback(args.host):

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inbox.admin import _claims, _effects, _outbox, _render, _status
+from inbox.admin._commands import Tables
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -25,6 +26,7 @@ from inbox.console._web import (
     page,
     render_page,
     settings_of,
+    tables_of,
 )
 
 __all__ = [
@@ -48,12 +50,13 @@ _EFFECT_STATUSES: Final = ("uncertain", "started", "failed", _status.DONE_WITHOU
 async def effects(request: Request, user: User) -> Response:
     """The effect ledger by status."""
     settings = settings_of(request)
+    tables = tables_of(request)
     status = request.query_params.get("status") or "uncertain"
     if status not in (*_EFFECT_STATUSES, "all"):
         raise HttpProblem(400, f"unknown status: one of {', '.join(_EFFECT_STATUSES)}, all")
 
     def read() -> tuple[dict[str, int], list[_effects.EffectRecord]]:
-        table = settings.tables.effects
+        table = tables.effects
         return (
             _effects.count_by_status(settings.engine, table),
             _effects.list_effects(
@@ -84,16 +87,17 @@ def _effect_key(request: Request) -> uuid.UUID:
 async def effect(request: Request, user: User) -> Response:
     """One effect record, its claim's records, and what a person can decide."""
     settings = settings_of(request)
+    tables = tables_of(request)
     key = _effect_key(request)
 
     def read() -> tuple[_effects.EffectRecord, _claims.Found]:
-        record = _effects.get_effect(settings.engine, settings.tables.effects, key)
+        record = _effects.get_effect(settings.engine, tables.effects, key)
         if record is None:
             raise HttpProblem(404, "no such effect record (released meanwhile?)")
         found = _claims.find(
             settings.engine,
-            settings.tables.claims,
-            settings.tables.effects,
+            tables.claims,
+            tables.effects,
             [_claims.LookupKey(record.claim_key, "claim key")],
             record.handler,
         )
@@ -107,6 +111,7 @@ async def effect(request: Request, user: User) -> Response:
 async def effect_done(request: Request, user: User, form: FormData) -> Response:
     """Mark an uncertain effect done with the result the provider gave (after confirming)."""
     settings = settings_of(request)
+    tables = tables_of(request, form)
     key = _effect_key(request)
     result = form_text(form, "result")
     if form_text(form, "confirmed") != "yes":
@@ -127,13 +132,11 @@ async def effect_done(request: Request, user: User, form: FormData) -> Response:
             csrf=user.csrf,
         )
     try:
-        await run_in_threadpool(
-            _effects.mark_done, settings.engine, settings.tables.effects, key, result
-        )
+        await run_in_threadpool(_effects.mark_done, settings.engine, tables.effects, key, result)
     except ValueError as exc:  # not JSON, or not uncertain (NotUncertain)
         code = 409 if isinstance(exc, _effects.NotUncertain) else 400
         raise HttpProblem(code, str(exc)) from None
-    audit(user.who, "effect.done", 1, {"effect_key": key})
+    audit(user.who, "effect.done", 1, {**_tenant(tables), "effect_key": key})
     return render_page(
         request,
         "done.html",
@@ -142,6 +145,11 @@ async def effect_done(request: Request, user: User, form: FormData) -> Response:
         line=f"effect {key} is done with the given result; replay its dead letter to finish",
         back=f"/effects/{key}",
     )
+
+
+def _tenant(tables: Tables) -> dict[str, object]:
+    """The tenant schema an action worked in, for its audit line (nothing without one)."""
+    return {"schema": tables.claims.schema} if tables.claims.schema else {}
 
 
 def _check_json(result: str) -> None:
@@ -155,6 +163,7 @@ def _check_json(result: str) -> None:
 async def effect_release(request: Request, user: User, form: FormData) -> Response:
     """Release an uncertain effect: its record deleted, the next attempt calls again."""
     settings = settings_of(request)
+    tables = tables_of(request, form)
     key = _effect_key(request)
     if form_text(form, "confirmed") != "yes":
         return render_page(
@@ -173,12 +182,10 @@ async def effect_release(request: Request, user: User, form: FormData) -> Respon
             csrf=user.csrf,
         )
     try:
-        await run_in_threadpool(
-            _effects.release_effect, settings.engine, settings.tables.effects, key
-        )
+        await run_in_threadpool(_effects.release_effect, settings.engine, tables.effects, key)
     except _effects.NotUncertain as exc:
         raise HttpProblem(409, str(exc)) from None
-    audit(user.who, "effect.release", 1, {"effect_key": key})
+    audit(user.who, "effect.release", 1, {**_tenant(tables), "effect_key": key})
     return render_page(
         request,
         "done.html",
@@ -196,10 +203,11 @@ async def effect_release(request: Request, user: User, form: FormData) -> Respon
 async def outbox(request: Request, user: User) -> Response:
     """Pending and refused outbox rows."""
     settings = settings_of(request)
-    table = settings.tables.outbox
+    tables = tables_of(request)
+    table = tables.outbox
 
     def read() -> tuple[_status.StatusReport, list[_outbox.OutboxRow], list[_outbox.OutboxRow]]:
-        t = settings.tables
+        t = tables
         report = _status.read_status(settings.engine, t.claims, t.outbox, t.effects)
         if report.outbox is None:
             return report, [], []
@@ -235,9 +243,10 @@ def _row_ids(form: FormData) -> list[uuid.UUID]:
 async def outbox_retry(request: Request, user: User, form: FormData) -> Response:
     """Make refused rows due now: the relay sends them at its next look."""
     settings = settings_of(request)
+    tables = tables_of(request, form)
     ids = _row_ids(form)
-    count = await run_in_threadpool(_outbox.retry_now, settings.engine, settings.tables.outbox, ids)
-    audit(user.who, "outbox.retry", count, {"chosen": len(ids)})
+    count = await run_in_threadpool(_outbox.retry_now, settings.engine, tables.outbox, ids)
+    audit(user.who, "outbox.retry", count, {**_tenant(tables), "chosen": len(ids)})
     return render_page(
         request,
         "done.html",
@@ -252,6 +261,7 @@ async def outbox_retry(request: Request, user: User, form: FormData) -> Response
 async def outbox_drop(request: Request, user: User, form: FormData) -> Response:
     """Drop refused rows for good, after confirming."""
     settings = settings_of(request)
+    tables = tables_of(request, form)
     ids = _row_ids(form)
     if form_text(form, "confirmed") != "yes":
         return render_page(
@@ -266,8 +276,8 @@ async def outbox_drop(request: Request, user: User, form: FormData) -> Response:
             back="/outbox",
             csrf=user.csrf,
         )
-    count = await run_in_threadpool(_outbox.drop_rows, settings.engine, settings.tables.outbox, ids)
-    audit(user.who, "outbox.drop", count, {"chosen": len(ids)})
+    count = await run_in_threadpool(_outbox.drop_rows, settings.engine, tables.outbox, ids)
+    audit(user.who, "outbox.drop", count, {**_tenant(tables), "chosen": len(ids)})
     return render_page(
         request,
         "done.html",
@@ -292,6 +302,7 @@ def _lookup(text: str, business_key: bool) -> tuple[_claims.LookupKey, ...]:
 async def claims(request: Request, user: User) -> Response:
     """Look a message up by id or business key: which handlers processed it, and when."""
     settings = settings_of(request)
+    tables = tables_of(request)
     text = request.query_params.get("q", "").strip()
     business_key = request.query_params.get("key") == "1"
     found = None
@@ -299,7 +310,7 @@ async def claims(request: Request, user: User) -> Response:
     if text:
         keys = _lookup(text, business_key)
         found = await run_in_threadpool(
-            _claims.find, settings.engine, settings.tables.claims, settings.tables.effects, keys
+            _claims.find, settings.engine, tables.claims, tables.effects, keys
         )
     return render_page(
         request,
@@ -317,6 +328,7 @@ async def claims(request: Request, user: User) -> Response:
 async def claims_release(request: Request, user: User, form: FormData) -> Response:
     """Release one handler's claim (and effect records) of a message, after confirming."""
     settings = settings_of(request)
+    tables = tables_of(request, form)
     text, handler = form_text(form, "q"), form_text(form, "handler")
     business_key = form_text(form, "key") == "1"
     if not handler:
@@ -327,8 +339,8 @@ async def claims_release(request: Request, user: User, form: FormData) -> Respon
         found = await run_in_threadpool(
             _claims.find,
             settings.engine,
-            settings.tables.claims,
-            settings.tables.effects,
+            tables.claims,
+            tables.effects,
             keys,
             handler,
         )
@@ -353,8 +365,8 @@ async def claims_release(request: Request, user: User, form: FormData) -> Respon
     released, released_effects = await run_in_threadpool(
         _claims.release,
         settings.engine,
-        settings.tables.claims,
-        settings.tables.effects,
+        tables.claims,
+        tables.effects,
         keys,
         handler,
     )
@@ -362,7 +374,7 @@ async def claims_release(request: Request, user: User, form: FormData) -> Respon
         user.who,
         "claims.release",
         released,
-        {"handler": handler, "lookup": text, "effects": released_effects},
+        {**_tenant(tables), "handler": handler, "lookup": text, "effects": released_effects},
     )
     return render_page(
         request,

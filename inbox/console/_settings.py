@@ -24,7 +24,8 @@ class ConsoleSettings:
     ``broker`` and ``queues``: the RabbitMQ URL and the workers' queues whose dead-letter
     queues (``<queue>.dlq``) the console shows (none: no dead-letter pages).
     ``allow_actions``: False (the default) serves a read-only console that refuses every
-    change. ``max_body``: the bytes of a message body shown, at most.
+    change. ``max_body``: the bytes of a message body shown, at most; ``peek_limit``: the
+    dead letters of a queue read for its page.
     """
 
     engine: Engine
@@ -35,8 +36,15 @@ class ConsoleSettings:
     allow_actions: bool = False
     max_body: int = 4096
     peek_limit: int = 100
+    schemas: tuple[str, ...] = ()
+    """Tenant schemas (``sessions_for``): each page works on the one chosen on the page, with
+    the tables' unqualified names in it. None: the tables as given."""
 
     def __post_init__(self) -> None:
+        if self.schemas and any(
+            t.schema for t in (self.tables.claims, self.tables.effects, self.tables.outbox)
+        ):
+            raise ValueError("with schemas, table names are NAME, not SCHEMA.NAME")
         if self.queues and not self.broker:
             raise ValueError("dead-letter queues need a broker URL")
         if self.max_body < 0 or self.peek_limit < 1:

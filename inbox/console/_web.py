@@ -18,11 +18,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inbox._cli import first_line, mask_urls
 from inbox.admin import _render
+from inbox.admin._commands import Tables
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
 from inbox.console._settings import ConsoleSettings
 
 __all__ = [
+    "SCHEMA_COOKIE",
     "SECURITY_HEADERS",
     "Action",
     "HttpProblem",
@@ -30,6 +32,7 @@ __all__ = [
     "SecurityHeaders",
     "User",
     "action",
+    "current_schema",
     "current_user",
     "failure_page",
     "form_text",
@@ -41,6 +44,7 @@ __all__ = [
     "same_origin",
     "sessions_of",
     "settings_of",
+    "tables_of",
     "whole_field",
 ]
 
@@ -97,6 +101,34 @@ def sessions_of(request: Request) -> Sessions:
     return sessions
 
 
+SCHEMA_COOKIE: Final = "inbox_console_schema"
+
+
+def current_schema(request: Request, form: FormData | None = None) -> str | None:
+    """The tenant schema a request is about (None: the console has no schemas): the form's
+    ``schema`` field, else the one chosen on the page (a cookie), else the first. A schema
+    that is not one of the console's is a 400."""
+    schemas = settings_of(request).schemas
+    if not schemas:
+        return None
+    given = form.get("schema") if form is not None else None
+    chosen = given if isinstance(given, str) and given else request.cookies.get(SCHEMA_COOKIE)
+    if not chosen:
+        return schemas[0]
+    if chosen not in schemas:
+        raise HttpProblem(400, "not one of this console's schemas (its --schema options)")
+    return chosen
+
+
+def tables_of(request: Request, form: FormData | None = None) -> Tables:
+    """The tables a request works on: the console's, in the request's tenant schema."""
+    tables = settings_of(request).tables
+    schema = current_schema(request, form)
+    if schema is None:
+        return tables
+    return tables.in_schema(schema)
+
+
 def render_page(
     request: Request, template: str, user: User | None, code: int = 200, **context: Any
 ) -> HTMLResponse:
@@ -106,10 +138,19 @@ def render_page(
         user=user,
         allow_actions=settings.allow_actions,
         queues=settings.queues,
+        schemas=settings.schemas,
+        schema=_schema_shown(request),
         path=request.url.path,
         **context,
     )
     return HTMLResponse(html, status_code=code)
+
+
+def _schema_shown(request: Request) -> str | None:
+    try:
+        return current_schema(request)
+    except HttpProblem:
+        return None
 
 
 def current_user(request: Request) -> User | None:

@@ -247,6 +247,12 @@ def test_replay_one_dead_letter_after_a_preview_and_a_confirmation(
     assert "invalid-body: 1" in listing.text
     overview = client.get("/")
     assert 'id="dlq-depth-1">2<' in overview.text
+    chart = overview.text.split('id="reasons-chart-1"')[1].split("</svg>")[0]
+    assert "handler-failed" in chart
+    assert "invalid-body" in chart
+    refreshed = client.get("/overview/counts")  # what htmx swaps in every 15 s
+    assert 'id="dlq-depth-1">2<' in refreshed.text
+    assert "reasons-chart" not in refreshed.text  # depths only: no message read
 
     csrf = csrf_of(listing.text)
     preview = client.post("/dead-letters/replay", data={"csrf": csrf, "queue": queue, "id": first})

@@ -157,10 +157,16 @@ class QueueSummary:
 
 
 def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
+    """The depth, and the reasons of the first ``limit`` dead letters (0: depth alone, read
+    without holding any message: what the overview's refresh every few seconds reads)."""
     name = _dlq.dead_letter_queue(queue)
+    letters: list[_dlq.DeadLetter]
     try:
         with _dlq.open_channel(broker) as channel:
-            present, letters = _dlq.peek(channel, queue, limit)
+            if limit == 0:
+                present, letters = _dlq.depth(channel, name), []
+            else:
+                present, letters = _dlq.peek(channel, queue, limit)
     except amqp.exceptions.NotFound:
         return QueueSummary(queue, name, None, {})
     except Exception as exc:  # one queue's failure is part of the page, not its end
@@ -169,16 +175,16 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
     return QueueSummary(queue, name, present, dict(reasons.most_common()))
 
 
-def _overview(settings: ConsoleSettings, t: Tables) -> dict[str, Any]:
+def _overview(settings: ConsoleSettings, t: Tables, reasons: bool) -> dict[str, Any]:
     report = _status.read_status(settings.engine, t.claims, t.outbox, t.effects)
     recent = {
-        "the last minute": _status.recent_claims(
+        "1 min": _status.recent_claims(
             settings.engine, t.claims, dt.timedelta(minutes=1)
         ),
-        "the last hour": _status.recent_claims(settings.engine, t.claims, dt.timedelta(hours=1)),
+        "1 h": _status.recent_claims(settings.engine, t.claims, dt.timedelta(hours=1)),
     }
     queues = [
-        _queue_summary(settings.broker, q, settings.peek_limit)
+        _queue_summary(settings.broker, q, settings.peek_limit if reasons else 0)
         for q in settings.queues
         if settings.broker
     ]
@@ -202,14 +208,16 @@ def _overview(settings: ConsoleSettings, t: Tables) -> dict[str, Any]:
 @page
 async def overview(request: Request, user: User) -> Response:
     """Claims, dead letters, uncertain effects and the outbox backlog at a glance."""
-    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request))
+    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request), True)
     return render_page(request, "overview.html", user, **data)
 
 
 @page
 async def overview_counts(request: Request, user: User) -> Response:
-    """The overview's counts alone, for htmx to refresh them in place."""
-    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request))
+    """The overview's counts alone, for htmx to refresh them in place (dead letters as
+    depths only: a refresh holds no message, so it never counts as a quorum queue's
+    delivery)."""
+    data = await run_in_threadpool(_overview, settings_of(request), tables_of(request), False)
     return render_page(request, "_counts.html", user, **data)
 
 

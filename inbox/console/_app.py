@@ -178,9 +178,7 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
 def _overview(settings: ConsoleSettings, t: Tables, reasons: bool) -> dict[str, Any]:
     report = _status.read_status(settings.engine, t.claims, t.outbox, t.effects)
     recent = {
-        "1 min": _status.recent_claims(
-            settings.engine, t.claims, dt.timedelta(minutes=1)
-        ),
+        "1 min": _status.recent_claims(settings.engine, t.claims, dt.timedelta(minutes=1)),
         "1 h": _status.recent_claims(settings.engine, t.claims, dt.timedelta(hours=1)),
     }
     queues = [

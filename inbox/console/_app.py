@@ -11,7 +11,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
-import amqp
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
@@ -160,15 +159,8 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
     """The depth, and the reasons of the first ``limit`` dead letters (0: depth alone, read
     without holding any message: what the overview's refresh every few seconds reads)."""
     name = _dlq.dead_letter_queue(queue)
-    letters: list[_dlq.DeadLetter]
     try:
-        with _dlq.open_channel(broker) as channel:
-            if limit == 0:
-                present, letters = _dlq.depth(channel, name), []
-            else:
-                present, letters = _dlq.peek(channel, queue, limit)
-    except amqp.exceptions.NotFound:
-        return QueueSummary(queue, name, None, {})
+        present, letters = _dlq.peek_if_present(broker, queue, limit)
     except Exception as exc:  # one queue's failure is part of the page, not its end
         return QueueSummary(queue, name, None, {}, one_line(exc, broker))
     reasons = Counter(letter.reason or "unknown" for letter in letters)

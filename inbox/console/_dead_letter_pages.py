@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlencode
 
-import amqp
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -69,14 +68,7 @@ async def dead_letters(request: Request, user: User) -> Response:
     broker = _broker(request)
     limit = settings_of(request).peek_limit
 
-    def read() -> tuple[int | None, list[_dlq.DeadLetter]]:
-        try:
-            with _dlq.open_channel(broker) as channel:
-                return _dlq.peek(channel, queue, limit)
-        except amqp.exceptions.NotFound:
-            return None, []
-
-    present, letters = await run_in_threadpool(read)
+    present, letters = await run_in_threadpool(_dlq.peek_if_present, broker, queue, limit)
     reasons = Counter(letter.reason or "unknown" for letter in letters)
     return render_page(
         request,

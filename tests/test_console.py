@@ -21,9 +21,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-pytest.importorskip("starlette", reason="the console extra")
-
 from console_support import (
     PASSWORD,
     SMS_HANDLER,

@@ -19,10 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("starlette", reason="the console extra")
-pytest.importorskip("selenium", reason="the browser tests")
-
 import uvicorn
 from console_support import (
     TOKEN,

@@ -267,6 +267,15 @@ def test_replay_one_dead_letter_after_a_preview_and_a_confirmation(
     assert replayed.properties["message_id"] == first
     assert replayed.headers[REPLAYS] == 1
     assert h.REASON not in replayed.headers
+    assert h.TRIES not in replayed.headers  # tries reset: it gets the worker's full retries
+
+    kept = client.post(
+        "/dead-letters/replay",
+        data={"csrf": csrf, "queue": queue, "id": second, "keep_tries": "yes", "confirmed": "yes"},
+    )
+    assert "replayed 1 of 1" in kept.text
+    (again,) = rabbit.take_all(queue)
+    assert again.headers[h.TRIES] == 3  # one more failure dead-letters it again
     assert any(
         "action=dlq.replay count=1" in line and "by='token'" in line for line in audit_lines()
     )

@@ -153,12 +153,19 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     limit = whole_field(form_text(form, "limit"), "limit")
     max_replays = whole_field(form_text(form, "max_replays"), "max replays") or 3
     confirmed = form_text(form, "confirmed") == "yes"
+    keep_tries = form_text(form, "keep_tries") == "yes"
 
     def run(dry_run: bool) -> _replay.MoveReport:
         with _dlq.open_channel(broker) as channel:
             if command == "replay":
                 return _replay.replay(
-                    channel, queue, filters, limit=limit, max_replays=max_replays, dry_run=dry_run
+                    channel,
+                    queue,
+                    filters,
+                    limit=limit,
+                    max_replays=max_replays,
+                    keep_tries=keep_tries,
+                    dry_run=dry_run,
                 )
             return _replay.purge(channel, queue, filters, limit=limit, dry_run=dry_run)
 
@@ -168,6 +175,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
         ("queue", queue),
         ("limit", form_text(form, "limit")),
         ("max_replays", str(max_replays)),
+        ("keep_tries", "yes" if keep_tries else ""),
     ]
     fields += [("reason", r) for r in sorted(filters.reasons)]
     fields += [("handler", x) for x in sorted(filters.handlers)]
@@ -188,7 +196,10 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
             back=f"/dead-letters?{urlencode({'queue': queue})}",
             csrf=user.csrf,
         )
-    audit(user.who, f"dlq.{command}", report.moved, {"queue": queue, **described})
+    details: dict[str, object] = {"queue": queue, **described}
+    if command == "replay":
+        details |= {"max_replays": max_replays, "keep_tries": keep_tries}
+    audit(user.who, f"dlq.{command}", report.moved, details)
     return render_page(
         request,
         "done.html",

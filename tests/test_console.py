@@ -13,10 +13,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -42,6 +44,7 @@ from support.rabbit import Rabbit
 from inbox import HandlerFailed, Inbox, Message, UncertainEffect
 from inbox.admin import admin_main
 from inbox.admin._dead_letters import REPLAYS, dead_letter_queue, open_channel
+from inbox.admin._workers import check_worker_url
 from inbox.admin.cli import command_parsers
 from inbox.broker import Relay
 from inbox.console import ConsoleSettings, create_app, load_credentials
@@ -223,6 +226,49 @@ def test_every_action_is_also_an_opentelemetry_span(pg_db: Database, rabbit: Rab
     assert attributes["inbox.console.who"] == "token"
     assert attributes["inbox.console.count"] == 1
     assert [event.name for event in span.events] == ["inbox.audit"]
+
+
+class _Probe(BaseHTTPRequestHandler):
+    """A worker's /readyz: ready on one server, not on the other."""
+
+    def do_GET(self) -> None:
+        ready = self.server.server_address[1] == _Probe.ready_port  # type: ignore[attr-defined]
+        body = b"ready" if ready else b"broker: not consuming\ndatabase: <script>x</script>"
+        self.send_response(200 if ready else 503)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_overview_shows_each_workers_readiness(pg_db: Database) -> None:
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Probe) for _ in range(2)]
+    _Probe.ready_port = servers[0].server_address[1]  # type: ignore[attr-defined]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+    urls.append(f"http://127.0.0.1:{closed}")
+    try:
+        workers = tuple(check_worker_url(url) for url in urls)
+        assert workers[0] == urls[0] + "/readyz"
+        client = signed_in(replace(settings(pg_db, None), workers=workers))
+        listed = client.get("/").text.split('id="workers"')[1].split("</ul>")[0]
+    finally:
+        for server in servers:
+            server.shutdown()
+    ready, not_ready, down = listed.split("<li>")[1:]
+    assert '<span class="ok">ready</span>' in ready
+    assert "not ready" in not_ready
+    assert "broker: not consuming" in not_ready
+    assert "&lt;script&gt;" in not_ready
+    assert "<script>" not in listed
+    assert "unreachable" in down
+    with pytest.raises(ValueError, match="http"):
+        check_worker_url("file:///etc/passwd")
 
 
 # --- dead letters --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from inbox.admin import _dead_letters as _dlq
 from inbox.admin import _status
 from inbox.admin._commands import Tables
+from inbox.admin._workers import read_readiness
 from inbox.console import _dead_letter_pages as letters
 from inbox.console import _record_pages as records
 from inbox.console._audit import audit
@@ -178,6 +179,7 @@ def _overview(settings: ConsoleSettings, t: Tables, reasons: bool) -> dict[str, 
         for q in settings.queues
         if settings.broker
     ]
+    workers = read_readiness(settings.workers)
     now = dt.datetime.now(dt.UTC)
     oldest_age = None
     if report.outbox is not None and report.outbox.oldest is not None:
@@ -186,6 +188,7 @@ def _overview(settings: ConsoleSettings, t: Tables, reasons: bool) -> dict[str, 
         "report": report,
         "recent": recent,
         "dead_letter_queues": queues,
+        "workers": workers,
         "outbox_age": oldest_age,
         "uncertain": sum(
             n

@@ -14,6 +14,7 @@ from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
 from inbox.admin._commands import Streams, Tables
 from inbox.admin._status import read_status
+from inbox.admin._workers import check_worker_url
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
 from inbox.retention._targets import schemas_holding
@@ -53,6 +54,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--user", help=f"the HTTP Basic user (default ${USER_ENV} or operator)")
     parser.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        default=[],
+        help="a worker's health endpoint, http://HOST:PORT (its --metrics-port): the overview "
+        "shows its /readyz (repeat)",
+    )
     tenants = parser.add_mutually_exclusive_group()
     tenants.add_argument(
         "--schema",
@@ -98,6 +107,7 @@ def run(
         allow_actions=args.allow_actions,
         max_body=args.max_body,
         schemas=schemas,
+        workers=tuple(check_worker_url(url) for url in args.workers),
     )
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page

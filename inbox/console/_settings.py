@@ -36,6 +36,8 @@ class ConsoleSettings:
     allow_actions: bool = False
     max_body: int = 4096
     peek_limit: int = 100
+    workers: tuple[str, ...] = ()
+    """The workers' ``/readyz`` URLs (``inbox-worker --metrics-port``) the overview asks."""
     schemas: tuple[str, ...] = ()
     """Tenant schemas (``sessions_for``): each page works on the one chosen on the page, with
     the tables' unqualified names in it. None: the tables as given."""

@@ -483,3 +483,24 @@ def test_progress_on_a_terminal_and_quiet(rabbit: Rabbit, queues: tuple[str, str
     )
     assert (code, out.getvalue(), err.getvalue()) == (0, "", "")
     assert rabbit.depth(queue) == 150
+
+
+def test_replay_and_purge_take_only_the_chosen_message_ids(rabbit: Rabbit) -> None:
+    from console_support import dead_letter, declare_queues
+
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    first, second, third = (dead_letter(rabbit, queue, ref=r) for r in ("a", "b", "c"))
+
+    code, out, err = inbox_cli(rabbit, "replay", "--queue", queue, "--id", first)
+    assert code == 0, err
+    assert "replayed 1 of 3 dead letters" in out
+    assert "2 not matching the filters" in out
+    assert [m.properties["message_id"] for m in rabbit.take_all(queue)] == [first]
+    code, out, err = inbox_cli(
+        rabbit, "purge", "--queue", queue, "--id", second, "--id", "nope", "--yes"
+    )
+    assert code == 0, err
+    assert "purged 1 of 2" in out
+    left = [m.properties["message_id"] for m in rabbit.take_all(f"{queue}.dlq")]
+    assert left == [third]

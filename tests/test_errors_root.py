@@ -35,6 +35,7 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("outbox/_row.py", "KeyError"): "a mapping without a column: what a lookup raises",
     ("outbox/relay/_relay.py", "TimeoutError"): "run_until_empty(timeout=): the builtin",
     ("testing/__init__.py", "AttributeError"): "a module __getattr__ must raise it",
+    ("console/__init__.py", "AttributeError"): "a module __getattr__ must raise it",
     ("testing/_databases.py", "RuntimeError"): "pytest reports a fixture's setup error",
     ("testing/fakes.py", "TimeoutError"): "the fake provider stands in for a timing-out API",
 }

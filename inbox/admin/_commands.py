@@ -39,6 +39,10 @@ class Tables:
     effects: Table
     outbox: Table
 
+    def in_schema(self, schema: str) -> Tables:
+        """The same tables in ``schema`` (a tenant's), on metadata of their own."""
+        return Tables(*(_in_schema(t, schema) for t in (self.claims, self.effects, self.outbox)))
+
 
 @dataclass(frozen=True, slots=True)
 class Streams:

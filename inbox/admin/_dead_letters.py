@@ -35,6 +35,7 @@ __all__ = [
     "hold",
     "open_channel",
     "peek",
+    "peek_if_present",
     "publish_confirmed",
     "replays_so_far",
     "summary_fields",
@@ -158,6 +159,21 @@ def depth_if_present(broker: str, queue: str) -> int | None:
             return depth(channel, queue)
     except amqp.exceptions.NotFound:
         return None
+
+
+def peek_if_present(
+    broker: str, queue: str, limit: int
+) -> tuple[int | None, list[DeadLetterRecord]]:
+    """:func:`peek` on a channel of its own (closed at the end: every message read is back
+    in its place); ``(None, [])`` when the dead-letter queue does not exist; ``limit`` 0:
+    the depth alone, reading no message."""
+    try:
+        with open_channel(broker) as channel:
+            if limit == 0:
+                return depth(channel, dead_letter_queue(queue)), []
+            return peek(channel, queue, limit)
+    except amqp.exceptions.NotFound:
+        return None, []
 
 
 def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:

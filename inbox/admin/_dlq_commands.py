@@ -71,7 +71,12 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 for line in _render.message_lines(message.properties, message.body, args.max_body)
             )
             return EXIT_OK
-        filters = _replay.Filters(frozenset(args.reason), frozenset(args.handler), args.older_than)
+        filters = _replay.Filters(
+            frozenset(args.reason),
+            frozenset(args.handler),
+            args.older_than,
+            frozenset(args.message_ids),
+        )
         if args.dlq_command == "purge" and not args.dry_run and not _confirmed(args, io):
             return EXIT_USAGE
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None

@@ -17,11 +17,14 @@ from inbox.admin._replay import MoveReport
 from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
 
 __all__ = [
+    "BodyView",
     "as_json",
+    "body_view",
     "dead_letter_line",
     "found_lines",
     "message_lines",
     "move_line",
+    "property_lines",
     "status_lines",
     "when",
 ]
@@ -141,25 +144,47 @@ def move_line(report: MoveReport, command: str) -> str:
     return line + (f"; left: {', '.join(left)}" if left else "")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BodyView:
+    """A message body as shown to a person: ``text`` is the first ``shown`` of ``size``
+    bytes, decoded as UTF-8 (``form`` ``"text"``) or, when they are not UTF-8, in base64
+    (``form`` ``"base64"``)."""
+
+    text: str
+    form: str
+    size: int
+    shown: int
+
+
+def body_view(raw_body: bytes | str, max_body: int) -> BodyView:
+    """The first ``max_body`` bytes of a body, as text when they are UTF-8, else base64."""
+    body = raw_body if isinstance(raw_body, bytes) else raw_body.encode()
+    shown = body[:max_body]
+    try:
+        return BodyView(shown.decode("utf-8"), "text", len(body), len(shown))
+    except UnicodeDecodeError:
+        return BodyView(base64.b64encode(shown).decode("ascii"), "base64", len(body), len(shown))
+
+
+def property_lines(all_properties: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """A message's properties, then its headers (``header NAME``), each value cut after
+    1000 characters, sorted by name within each."""
+    properties = {k: v for k, v in all_properties.items() if k != "application_headers"}
+    for name, value in sorted(properties.items()):
+        yield name, bounded(str(value), 1000)
+    headers = all_properties.get("application_headers") or {}
+    for name, value in sorted(headers.items()):
+        yield f"header {name}", bounded(str(value), 1000)
+
+
 def message_lines(
     all_properties: Mapping[str, Any], raw_body: bytes | str, max_body: int
 ) -> Iterator[str]:
     """One dead letter in full: its properties, its headers, and its body (text, or base64
     when it is not UTF-8), cut after ``max_body`` bytes."""
-    properties = {k: v for k, v in all_properties.items() if k != "application_headers"}
-    for name, value in sorted(properties.items()):
-        yield f"{name}: {bounded(str(value), 1000)}"
-    headers = all_properties.get("application_headers") or {}
-    for name, value in sorted(headers.items()):
-        yield f"header {name}: {bounded(str(value), 1000)}"
-    body = raw_body if isinstance(raw_body, bytes) else raw_body.encode()
-    shown = body[:max_body]
-    try:
-        text = shown.decode("utf-8")
-        form = "text"
-    except UnicodeDecodeError:
-        text = base64.b64encode(shown).decode("ascii")
-        form = "base64"
-    cut = f", first {len(shown)} shown" if len(shown) < len(body) else ""
-    yield f"body ({len(body)} bytes{cut}, {form}):"
-    yield text
+    for name, value in property_lines(all_properties):
+        yield f"{name}: {value}"
+    view = body_view(raw_body, max_body)
+    cut = f", first {view.shown} shown" if view.shown < view.size else ""
+    yield f"body ({view.size} bytes{cut}, {view.form}):"
+    yield view.text

@@ -42,9 +42,13 @@ class Filters:
     """One of these is among ``x-inbox-failed-handlers``."""
     older_than: dt.timedelta | None = None
     """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
+    message_ids: frozenset[str] = frozenset()
+    """The message id is one of these (one dead letter, or a chosen few)."""
 
     def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
         """Whether ``letter`` passes every filter given."""
+        if self.message_ids and letter.message_id not in self.message_ids:
+            return False
         if self.reasons and letter.reason not in self.reasons:
             return False
         if self.handlers and not self.handlers & set(letter.failed_handlers):

@@ -32,6 +32,7 @@ __all__ = [
     "UnfinishedEffect",
     "effect_status",
     "read_status",
+    "recent_claims",
 ]
 
 _TOP_ERRORS = 5
@@ -186,6 +187,22 @@ def _effects(connection: Connection, effects: Table) -> EffectsReport:
         )
     )
     return EffectsReport(by_status, unfinished)
+
+
+def recent_claims(engine: Engine, claims: Table, since: dt.timedelta) -> dict[str, int]:
+    """Claims committed in the last ``since``, per handler (the handlers with none left
+    out): what the console shows as recent work."""
+    cutoff = dt.datetime.now(dt.UTC) - since
+    with engine.connect() as connection:
+        return {
+            str(handler): int(count)
+            for handler, count in connection.execute(
+                select(claims.c.handler, func.count())
+                .where(claims.c.processed_at >= cutoff)
+                .group_by(claims.c.handler)
+                .order_by(claims.c.handler)
+            )
+        }
 
 
 DONE: Final = "done"

@@ -1,6 +1,7 @@
 """``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
 inbox's tables; ``migrate`` creates or upgrades them; ``dlq list|show|replay|purge`` work on
-a worker's dead-letter queue; ``cleanup`` is ``inbox-cleanup``.
+a worker's dead-letter queue; ``console`` serves the same in a browser; ``cleanup`` is
+``inbox-cleanup``.
 
 Exit codes: 0 success (also when the reader of the output went away: ``inbox status | head
 -1``); 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge`` without
@@ -140,6 +141,16 @@ def _parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> UsageP
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
 
+    console = commands.add_parser(
+        "console", help="the operator console in a browser (docs/console.md)"
+    )
+    _database_options(console)
+    # The console is built on this package's operations; the command only reaches it here
+    # and at its run, when asked (no import cycle, no web stack for the other commands).
+    from inbox.console._command import add_options as console_options
+
+    console_options(console)
+
     commands.add_parser(
         "cleanup",
         help=(
@@ -186,6 +197,9 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         help="only this reason, as x-inbox-reason says it (handler-failed, ...; repeat)",
     )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
+    parser.add_argument(
+        "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
+    )
     parser.add_argument(
         "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
     )
@@ -256,6 +270,10 @@ def admin_main(
                 return _commands.status_per_schema(engine, tables, args, io)
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)
+            if args.command == "console":
+                from inbox.console._command import run as run_console
+
+                return run_console(engine, tables, args, broker, io)
             if args.command == "show":
                 return _commands.show(engine, tables, keys, args, io)
             return _commands.release(engine, tables, keys, args, io)

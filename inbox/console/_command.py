@@ -1,0 +1,143 @@
+"""``inbox console``: its options (registered on the ``inbox`` parser without importing the
+web stack) and its run. The web stack (Starlette, Jinja2, uvicorn) is the ``console`` extra:
+``pip install 'sqlalchemy-inbox[console]'``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from typing import Final
+
+from sqlalchemy import Engine
+
+from inbox._amqp.connections import BROKER_URL_ENV
+from inbox._cli import EXIT_OK, UsageError, whole_number
+from inbox.admin._commands import Streams, Tables
+from inbox.admin._status import read_status
+from inbox.admin._workers import check_worker_url
+from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
+from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
+from inbox.retention._targets import schemas_holding
+
+__all__ = ["EXTRA_MISSING", "add_options", "run"]
+
+EXTRA_MISSING: Final = (
+    "inbox console needs the console extra: pip install 'sqlalchemy-inbox[console]'"
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The console's own options (the database ones are the other commands')."""
+    parser.add_argument(
+        "--broker", help=f"RabbitMQ URL, for the dead letters (default ${BROKER_URL_ENV})"
+    )
+    parser.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        default=[],
+        help="a worker's queue whose QUEUE.dlq is shown (repeat)",
+    )
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})"
+    )
+    parser.add_argument("--port", type=whole_number(1, 65535), default=DEFAULT_PORT)
+    parser.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="allow replays, purges, releases and outbox changes (default: read-only)",
+    )
+    parser.add_argument("--token-file", help=f"a file holding the token (default ${TOKEN_ENV})")
+    parser.add_argument(
+        "--password-file",
+        help=f"a file holding the HTTP Basic password (default ${PASSWORD_ENV})",
+    )
+    parser.add_argument("--user", help=f"the HTTP Basic user (default ${USER_ENV} or operator)")
+    parser.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        default=[],
+        help="a worker's health endpoint, http://HOST:PORT (its --metrics-port): the overview "
+        "shows its /readyz (repeat)",
+    )
+    tenants = parser.add_mutually_exclusive_group()
+    tenants.add_argument(
+        "--schema",
+        dest="tenant_schemas",
+        action="append",
+        default=[],
+        help="a tenant schema (sessions_for; repeat): every page has a selector",
+    )
+    tenants.add_argument(
+        "--all-schemas",
+        dest="all_tenant_schemas",
+        action="store_true",
+        help="every schema holding the claims table when the console starts",
+    )
+
+
+def run(
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
+) -> int:
+    """Serve the console until interrupted. Bad credentials are a usage error (exit 2)."""
+    credentials = load_credentials(
+        token_file=args.token_file, password_file=args.password_file, user=args.user
+    )
+    try:
+        import uvicorn
+
+        from inbox.console._app import create_app
+    except ImportError:
+        raise UsageError(EXTRA_MISSING) from None
+    schemas = tuple(
+        schemas_holding(engine, tables.claims.name)
+        if args.all_tenant_schemas
+        else args.tenant_schemas
+    )
+    if args.all_tenant_schemas and not schemas:
+        raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")
+    settings = ConsoleSettings(
+        engine,
+        tables,
+        credentials,
+        broker,
+        tuple(args.queues),
+        allow_actions=args.allow_actions,
+        max_body=args.max_body,
+        schemas=schemas,
+        workers=tuple(check_worker_url(url) for url in args.workers),
+    )
+    first = tables.in_schema(schemas[0]) if schemas else tables
+    read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page
+    mode = "actions allowed" if args.allow_actions else "read-only"
+    io.out.write(f"inbox console: http://{_shown(args.host)}:{args.port}/ ({mode})\n")
+    if not _loopback(args.host):
+        io.out.write(
+            "inbox console: listening beyond this machine: serve it behind TLS (a reverse "
+            "proxy), or the token and cookie cross the network in clear\n"
+        )
+    io.out.flush()
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        proxy_headers=False,
+        server_header=False,
+    )
+    return EXIT_OK
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,222 @@
+"""The dead-letter pages: a queue's dead letters, one in full, and replay or purge (one, or
+a filtered set) through a dry-run preview and a confirmation, by :mod:`inbox.admin._replay`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import Response
+
+from inbox.admin import _dead_letters as _dlq
+from inbox.admin import _render, _replay
+from inbox.admin._dlq_commands import dead_letter_reason, duration
+from inbox.console._audit import audit
+from inbox.console._web import (
+    HttpProblem,
+    User,
+    action,
+    form_text,
+    form_texts,
+    page,
+    render_page,
+    settings_of,
+    whole_field,
+)
+from inbox.delivery import headers as h
+from inbox.delivery._policy import DeadLetterReason
+
+__all__ = ["dead_letter", "dead_letters", "purge", "replay"]
+
+_REASONS: Final = tuple(r.value for r in DeadLetterReason)
+_HISTORY: Final = (
+    (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
+    (h.FIRST_FAILURE, "first failed"),
+    (h.LAST_FAILURE, "last failed"),
+    (h.DEAD_LETTERED_AT, "dead-lettered"),
+    (_dlq.REPLAYED_AT, "replayed last"),
+)
+
+
+def _queue(request: Request, name: str | None) -> str:
+    settings = settings_of(request)
+    if not settings.queues:
+        raise HttpProblem(404, "no queues: start the console with --queue QUEUE (and a broker)")
+    if name is None or name == "":
+        return settings.queues[0]
+    if name not in settings.queues:
+        raise HttpProblem(404, "not one of this console's queues (its --queue options)")
+    return name
+
+
+def _broker(request: Request) -> str:
+    broker = settings_of(request).broker
+    if broker is None:
+        raise HttpProblem(404, "no broker: start the console with --broker or INBOX_BROKER_URL")
+    return broker
+
+
+@page
+async def dead_letters(request: Request, user: User) -> Response:
+    """A queue's dead letters (the first ones, left in place), with their reasons."""
+    queue = _queue(request, request.query_params.get("queue"))
+    broker = _broker(request)
+    limit = settings_of(request).peek_limit
+
+    present, letters = await run_in_threadpool(_dlq.peek_if_present, broker, queue, limit)
+    reasons = Counter(letter.reason or "unknown" for letter in letters)
+    return render_page(
+        request,
+        "dead_letters.html",
+        user,
+        queue=queue,
+        dead_letter_queue=_dlq.dead_letter_queue(queue),
+        present=present,
+        letters=letters,
+        reasons=dict(reasons.most_common()),
+        all_reasons=_REASONS,
+        csrf=user.csrf,
+    )
+
+
+@page
+async def dead_letter(request: Request, user: User) -> Response:
+    """One dead letter in full: properties, headers, history, body (escaped, capped)."""
+    queue = _queue(request, request.query_params.get("queue"))
+    broker = _broker(request)
+    message_id = request.query_params.get("id", "")
+    max_body = settings_of(request).max_body
+
+    def read() -> tuple[_dlq.DeadLetterRecord, list[tuple[str, str]], _render.BodyView, list[Any]]:
+        with _dlq.open_channel(broker) as channel:
+            message = _dlq.find(channel, queue, message_id)
+            if message is None:
+                raise HttpProblem(404, "no such dead letter (replayed or purged meanwhile?)")
+            headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
+            history = sorted(
+                (when, label)
+                for name, label in _HISTORY
+                if (when := h.parse_time(headers.get(name))) is not None
+            )
+            return (
+                _dlq.DeadLetterRecord.read(message),
+                list(_render.property_lines(message.properties)),
+                _render.body_view(message.body, max_body),
+                history,
+            )
+
+    letter, properties, body, history = await run_in_threadpool(read)
+    return render_page(
+        request,
+        "dead_letter.html",
+        user,
+        queue=queue,
+        letter=letter,
+        properties=properties,
+        body=body,
+        history=history,
+        csrf=user.csrf,
+    )
+
+
+def _filters(form: FormData) -> tuple[_replay.Filters, dict[str, object]]:
+    try:
+        reasons = frozenset(dead_letter_reason(r) for r in form_texts(form, "reason"))
+        older = form_text(form, "older_than")
+        older_than = duration(older) if older else None
+    except Exception as exc:  # argparse's ArgumentTypeError: the CLI's words for bad input
+        raise HttpProblem(400, str(exc)) from None
+    filters = _replay.Filters(
+        reasons,
+        frozenset(form_texts(form, "handler")),
+        older_than,
+        frozenset(form_texts(form, "id")),
+    )
+    described: dict[str, object] = {
+        "reasons": ",".join(sorted(filters.reasons)) or "any",
+        "handlers": ",".join(sorted(filters.handlers)) or "any",
+        "older_than": older or "-",
+        "ids": ",".join(sorted(filters.message_ids)) or "any",
+    }
+    return filters, described
+
+
+async def _move(request: Request, user: User, form: FormData, command: str) -> Response:
+    queue = _queue(request, form_text(form, "queue"))
+    broker = _broker(request)
+    filters, described = _filters(form)
+    limit = whole_field(form_text(form, "limit"), "limit")
+    max_replays = whole_field(form_text(form, "max_replays"), "max replays") or 3
+    confirmed = form_text(form, "confirmed") == "yes"
+    keep_tries = form_text(form, "keep_tries") == "yes"
+
+    def run(dry_run: bool) -> _replay.MoveReport:
+        with _dlq.open_channel(broker) as channel:
+            if command == "replay":
+                return _replay.replay(
+                    channel,
+                    queue,
+                    filters,
+                    limit=limit,
+                    max_replays=max_replays,
+                    keep_tries=keep_tries,
+                    dry_run=dry_run,
+                )
+            return _replay.purge(channel, queue, filters, limit=limit, dry_run=dry_run)
+
+    report = await run_in_threadpool(run, not confirmed)
+    line = _render.move_line(report, command)
+    fields = [
+        ("queue", queue),
+        ("limit", form_text(form, "limit")),
+        ("max_replays", str(max_replays)),
+        ("keep_tries", "yes" if keep_tries else ""),
+    ]
+    fields += [("reason", r) for r in sorted(filters.reasons)]
+    fields += [("handler", x) for x in sorted(filters.handlers)]
+    fields += [("id", x) for x in sorted(filters.message_ids)]
+    fields += [("older_than", form_text(form, "older_than"))]
+    if not confirmed:
+        return render_page(
+            request,
+            "confirm.html",
+            user,
+            title=f"{command} dead letters of {queue}?",
+            preview=line,
+            left=report.replayed_too_often,
+            action_url=f"/dead-letters/{command}",
+            fields=fields,
+            button=f"yes, {command} them",
+            nothing=report.moved == 0,
+            back=f"/dead-letters?{urlencode({'queue': queue})}",
+            csrf=user.csrf,
+        )
+    details: dict[str, object] = {"queue": queue, **described}
+    if command == "replay":
+        details |= {"max_replays": max_replays, "keep_tries": keep_tries}
+    audit(user.who, f"dlq.{command}", report.moved, details)
+    return render_page(
+        request,
+        "done.html",
+        user,
+        title=f"{command}: {queue}",
+        line=line,
+        back=f"/dead-letters?{urlencode({'queue': queue})}",
+    )
+
+
+@action
+async def replay(request: Request, user: User, form: FormData) -> Response:
+    """Preview a replay (a dry run), and on confirmation replay."""
+    return await _move(request, user, form, "replay")
+
+
+@action
+async def purge(request: Request, user: User, form: FormData) -> Response:
+    """Preview a purge (a dry run), and on confirmation purge."""
+    return await _move(request, user, form, "purge")

@@ -1,4 +1,4 @@
-"""The chaos harness, short mode, as CI runs it: 5,000 operations through RabbitMQ and four
+"""The chaos harness, short mode, as CI runs it: 2,500 operations through RabbitMQ and four
 worker processes under random faults, on PostgreSQL and on MariaDB. The harness itself
 checks the ledger; this test checks that it ran, that faults of every kind were injected,
 and that nothing was doubled or lost."""
@@ -26,7 +26,16 @@ def test_short_chaos_run_commits_every_operation_exactly_once(
     request.getfixturevalue("pg_db" if database == "postgresql" else "mariadb_db")
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
-        [sys.executable, str(HARNESS), "--database", database, "--json", str(report_path)],
+        [
+            sys.executable,
+            str(HARNESS),
+            "--database",
+            database,
+            "--ops",
+            "2500",
+            "--json",
+            str(report_path),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -34,7 +43,7 @@ def test_short_chaos_run_commits_every_operation_exactly_once(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(report_path.read_text())["report"]
-    assert report["operations"] == 5000
+    assert report["operations"] == 2500
     assert report["doubled"] == []
     assert report["missing"] == []
     assert report["poison_not_dead_lettered"] == []
@@ -61,7 +70,7 @@ def test_short_outbox_chaos_run_gives_every_committed_operation_one_followup_eff
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [
-            sys.executable, str(HARNESS), "--database", database, "--outbox", "--ops", "1500",
+            sys.executable, str(HARNESS), "--database", database, "--outbox", "--ops", "800",
             "--fault-interval", "1.0", "--json", str(report_path),
         ],
         capture_output=True,

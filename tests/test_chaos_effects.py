@@ -1,4 +1,4 @@
-"""The chaos harness's effect stage, short: 800 operations through RabbitMQ and four worker
+"""The chaos harness's effect stage, short: 400 operations through RabbitMQ and four worker
 processes under every fault of the harness plus SIGKILLs inside the effect's call. In
 at-most-once mode no operation's provider was ever called twice and every uncertain-effect
 dead letter is accounted for; in at-least-once mode a repeated call carries the same key."""
@@ -26,8 +26,8 @@ def test_effect_stage_never_calls_twice_without_the_same_key(
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [
-            sys.executable, str(HARNESS), "--ops", "800", "--effects", mode,
-            "--kill-in-call", "0.01", "--json", str(report_path),
+            sys.executable, str(HARNESS), "--ops", "400", "--effects", mode,
+            "--kill-in-call", "0.02", "--json", str(report_path),
         ],
         capture_output=True,
         text=True,
@@ -42,12 +42,12 @@ def test_effect_stage_never_calls_twice_without_the_same_key(
     assert report["doubled"] == []
     assert report["missing"] == []
     assert report["faults_injected"]["self_kill_in_call"] >= 1
-    assert effects["operations_called"] == 800
+    assert effects["operations_called"] == 400
     uncertain = report["dead_letters"].get("uncertain-effect", 0)
     if mode == "at-most-once":
-        assert effects["provider_calls"] == 800  # every operation called exactly once
+        assert effects["provider_calls"] == 400  # every operation called exactly once
         assert effects["uncertain_effect_dead_letters"] >= 1
     else:
         assert uncertain == 0
         repeated = effects["operations_called_again_same_key"]
-        assert effects["provider_calls"] >= 800 + repeated
+        assert effects["provider_calls"] >= 400 + repeated

@@ -36,7 +36,7 @@ def test_chaos_on_a_rabbitmq_cluster_and_a_failing_over_postgresql(tmp_path: Pat
     report_path = tmp_path / "chaos.json"
     done = subprocess.run(
         [
-            sys.executable, str(HARNESS), "--cluster", "both", "--ops", "2000",
+            sys.executable, str(HARNESS), "--cluster", "both", "--ops", "1200",
             "--workers", "3", "--cluster-fault-interval", "2", "--json", str(report_path),
         ],
         capture_output=True,

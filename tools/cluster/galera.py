@@ -214,10 +214,8 @@ class GaleraCluster:
             raise ClusterError(f"node {name} is not running")
         with contextlib.suppress(ProcessLookupError):
             node.process.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             node.process.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
         self._end(node)
 
     def start_node(self, name: str) -> str:

@@ -58,6 +58,10 @@ _PG_NOT_READY: Final = (
     "the database system is starting up",
     "the database system is shutting down",
     "the database system is in recovery mode",
+    # A standby (a Patroni replica, a rejoining old primary) before it is consistent: with a
+    # multi-host URL a worker started mid-failover meets it beside the hosts that refuse.
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
     "too many clients",
 )
 # Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),

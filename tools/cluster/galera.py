@@ -218,6 +218,29 @@ class GaleraCluster:
             node.process.wait(60)
         self._end(node)
 
+    def isolate_node(self, name: str) -> None:
+        """Cut ``name`` off from its peers (``gmcast.isolate=1``: Galera drops every
+        group-communication connection of the node), a network split on loopback: the node
+        alone is a non-primary component (every query fails with 1047), the other two stay
+        primary."""
+        self._provider_option(self.node(name), "gmcast.isolate=1")
+        wait_until(
+            lambda: self.node(name).status("wsrep_cluster_status") == "non-Primary",
+            timeout=30,
+            what=f"{name} cut off",
+            every=0.2,
+        )
+
+    def heal_node(self, name: str) -> None:
+        """End :meth:`isolate_node`: the node rejoins (IST) and syncs."""
+        node = self.node(name)
+        self._provider_option(node, "gmcast.isolate=0")
+        self._await(node)
+
+    def _provider_option(self, node: GaleraNode, option: str) -> None:
+        with node.connect() as connection, connection.cursor() as cursor:
+            cursor.execute("SET GLOBAL wsrep_provider_options = %s", (option,))
+
     def start_node(self, name: str) -> str:
         """Start a stopped or killed node again; return once it is synced, with how it
         caught up ("IST" or "SST", from its error log)."""

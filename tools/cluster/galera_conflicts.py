@@ -1,5 +1,5 @@
 """Workers claiming the same keys through different Galera nodes, under node kills and a node
-leaving and rejoining: every operation committed once, none dead-lettered.
+leaving and rejoining, and a network split: every operation committed once, none dead-lettered.
 
     python tools/cluster/galera_conflicts.py --ops 1000 --fault-interval 6 [--sync-wait 0]
 
@@ -14,9 +14,11 @@ commit. What a worker does after ``process`` raised is decided by the shared del
 (:func:`inbox.delivery._policy.decide`, as the kombu and FastStream edges do): a retry after
 its delay, or a dead letter, which must never happen here.
 
-Faults, one at a time, every ``--fault-interval`` seconds (±50 %): a node SIGKILLed, or shut
-down cleanly (it leaves the cluster), and started again ``--downtime`` seconds later (it
-rejoins by IST). Exit 0 only when nothing is doubled, lost or dead-lettered.
+Faults take turns, one at a time, every ``--fault-interval`` seconds (±50 %): a node
+SIGKILLed, a node shut down cleanly (it leaves the cluster), each started again
+``--downtime`` seconds later (it rejoins by IST), and a node cut off from its peers
+(``gmcast.isolate``: a network split leaving it a non-primary component of one) for
+``--downtime`` seconds, then healed. Exit 0 only when nothing is doubled, lost or dead-lettered.
 """
 
 from __future__ import annotations
@@ -213,9 +215,15 @@ def _faults(
     turn = 0
     while not stop.wait(interval * rng.uniform(0.5, 1.5)):
         node = cluster.nodes[turn % len(cluster.nodes)]
-        kind = "kill" if turn % 2 == 0 else "leave"
+        kind = ("kill", "leave", "split")[turn % 3]
         turn += 1
         try:
+            if kind == "split":
+                cluster.isolate_node(node.name)
+                time.sleep(downtime)
+                cluster.heal_node(node.name)
+                figures.faults["cut off+healed"] += 1
+                continue
             if kind == "kill":
                 cluster.kill_node(node.name)
             else:

@@ -62,7 +62,7 @@ patroni() {  # the chaos harness on Patroni; at least one failover must have hap
   local out
   out=$(mktemp)
   "$PYTHON" tools/chaos/run.py --cluster patroni --replication sync --ops 600 --workers 3 \
-    --cluster-fault-interval 2 | tee "$out"
+    --cluster-fault-interval 5 | tee "$out"
   local status=${PIPESTATUS[0]}
   if [ "$status" -eq 0 ] && ! grep -q "pg_failover=[1-9]" "$out"; then
     echo "ci-cluster: the Patroni run ended before its first failover"

@@ -64,7 +64,9 @@ from tools.cluster.galera import DATABASE, GaleraCluster, GaleraNode
 __all__ = ["Figures", "main", "run"]
 
 HANDLER = "galera.apply"
-POLICY = RetryPolicy(delays=(0.1, 0.2, 0.5, 1.0, 2.0), max_tries=8)
+# A broker retry after the inbox's own re-runs gave up: long enough to outlast a node loss
+# (a killed node is declared dead after evs.inactive_timeout, 6 s here).
+POLICY = RetryPolicy(delays=(0.1, 0.2, 0.5, 1.0, 2.0, 4.0), max_tries=10)
 
 metadata = MetaData()
 effects = Table(

@@ -9,8 +9,10 @@
 Each node is a ``mariadbd`` with ``--wsrep-on=ON`` and ``libgalera_smm.so``, its own client,
 group-communication, IST and SST ports on loopback, and its data directory under a
 temporary directory. Node 1 bootstraps the cluster (``--wsrep-new-cluster``), nodes 2 and 3
-join it by SST (rsync). A node started again after a kill or a clean stop rejoins by IST
-when the others' gcache still holds what it missed. A watchdog kills every server if the
+join it by SST (rsync). Start it as root: the servers run as the ``mysql`` user, as packaged
+(the joiner's rsync daemon, started by root, would write as ``nobody``). A node started
+again after a kill or a clean stop rejoins by IST when the others' gcache still holds what
+it missed. A watchdog kills every server if the
 process that started them dies first; :meth:`GaleraCluster.stop` kills them and removes
 the directory.
 

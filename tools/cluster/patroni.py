@@ -10,8 +10,8 @@ and switchover, with or without Patroni's synchronous mode.
 
 etcd and the three Patroni processes run with their own loopback ports and directories under
 a temporary directory; PostgreSQL (the machine's /usr/lib/postgresql/<version>/bin) runs as
-the ``postgres`` user under Patroni. A watchdog kills everything if the process that started
-the cluster dies first.
+the ``postgres`` user under Patroni (so start it as root, as :mod:`tools.cluster.postgres`).
+A watchdog kills everything if the process that started the cluster dies first.
 
 * ``synchronous=True``: ``synchronous_mode: true`` (Patroni names one replica in
   ``synchronous_standby_names`` and fails over only to it) and ``synchronous_commit =

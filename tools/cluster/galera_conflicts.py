@@ -254,9 +254,9 @@ def run(
     figures = Figures()
     started = time.monotonic()
     counter = _CountReruns(figures)
-    logging.getLogger("inbox.core._inbox").addHandler(counter)
-    logging.getLogger("inbox.core._inbox").setLevel(logging.INFO)
-    logging.getLogger("inbox.core._inbox").propagate = False
+    logging.getLogger("inbox.core").addHandler(counter)
+    logging.getLogger("inbox.core").setLevel(logging.INFO)
+    logging.getLogger("inbox.core").propagate = False
     with GaleraCluster(sync_wait=sync_wait) as cluster:
         setup = create_engine(cluster.url(cluster.nodes[0]), pool_pre_ping=True)
         inbox_metadata.create_all(setup)
@@ -315,7 +315,7 @@ def run(
         _count_effects(setup, refs, figures)
         for engine in [*engines, setup]:
             engine.dispose()
-    logging.getLogger("inbox.core._inbox").removeHandler(counter)
+    logging.getLogger("inbox.core").removeHandler(counter)
     figures.wall = time.monotonic() - started
     return figures
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 from inbox.core._backends import Backend, Claims, TransactionState
 from inbox.core._backends._autocommit import autocommits
 from inbox.core._retry import is_transient
+from inbox.core._startup import server_unreachable
 from inbox.errors import ClaimCommittedEarly, TransactionControlError
 
 __all__ = [
@@ -121,7 +122,10 @@ def early_commit(
         survived = claims.claimed_at(connection, key, handler) == at
         type(session).rollback(session)
     except Exception as check_failed:
-        if is_transient(check_failed):
+        # A lost connection or a server that cannot be reached (a failover, a Galera node
+        # killed mid-handler) is as likely to have rolled the claim back as anything: the
+        # redelivery decides. Anything else (a missing privilege) would stay unknown.
+        if is_transient(check_failed) or server_unreachable(check_failed):
             logger.warning(
                 "could not check whether a failed handler's claim was committed (%s)",
                 type(check_failed).__name__,

@@ -37,6 +37,7 @@ __all__ = [
     "inbox_engine",
     "inbox_revisions",
     "required_revision",
+    "server_unreachable",
     "wait_for_schema",
     "worker_engine",
     "worker_tables",
@@ -58,6 +59,10 @@ _PG_NOT_READY: Final = (
     "the database system is starting up",
     "the database system is shutting down",
     "the database system is in recovery mode",
+    # A standby (a Patroni replica, a rejoining old primary) before it is consistent: with a
+    # multi-host URL a worker started mid-failover meets it beside the hosts that refuse.
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
     "too many clients",
 )
 # Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),
@@ -155,6 +160,19 @@ def inbox_engine(session_factory: object, claim_clause: object) -> Engine | None
     finally:
         session.close()
     return bind.engine if isinstance(bind, Connection) else bind
+
+
+def server_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, says the database server could not
+    be reached (see :func:`_unreachable`): a connection attempt that waiting may cure."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, DBAPIError) and _unreachable(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _unreachable(exc: DBAPIError) -> bool:

@@ -111,7 +111,14 @@ class HandlerTransaction:
         bind = session.get_bind(clause=self._claims.bind_clause)
         refuse_shared_transaction(session, bind)
         self._transaction = session.begin()
-        connection = self._connection = session.connection(bind_arguments={"bind": bind})
+        try:
+            connection = self._connection = session.connection(bind_arguments={"bind": bind})
+        except BaseException:
+            # No connection (the server could not be reached): nothing was claimed, so the
+            # transaction counts as never begun and leaving only closes the session; the
+            # connection error propagates as it is.
+            self._transaction = None
+            raise
         backend = self._backend = backend_for(connection.dialect)
         backend.watch(connection.engine)
         if not backend.refuses_autocommit:

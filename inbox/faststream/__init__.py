@@ -7,8 +7,14 @@ shared, not copied (docs/faststream.md). Needs the ``faststream`` extra
 not load FastStream.
 """
 
+from inbox.faststream._nats import subscribe_nats_stream
 from inbox.faststream._rabbit import subscribe_rabbit
 from inbox.faststream._redis import subscribe_redis_stream
 from inbox.faststream._subscription import InboxSubscription
 
-__all__ = ["InboxSubscription", "subscribe_rabbit", "subscribe_redis_stream"]
+__all__ = [
+    "InboxSubscription",
+    "subscribe_nats_stream",
+    "subscribe_rabbit",
+    "subscribe_redis_stream",
+]

@@ -12,6 +12,11 @@ the harness starts on this machine and breaks while the workers run.
   that were acknowledged (and their deliveries acked) but had not reached the standby: the
   run reports them as lost operations instead of failing on them.
 * ``both``: both at once.
+* ``patroni``: three PostgreSQL members under Patroni and one etcd
+  (:mod:`tools.cluster.patroni`), reached through the multi-host URL. Faults take turns: a
+  failover (the leader's Patroni and PostgreSQL SIGKILLed; a replica takes over once the
+  leader key expires; the old leader rejoins) and a switchover (Patroni's REST API).
+  ``--replication sync`` is Patroni's ``synchronous_mode: true`` with ``remote_apply``.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ from typing import Self
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.cluster._process import ClusterError, Watchdog
+from tools.cluster.patroni import PatroniCluster
 from tools.cluster.postgres import PostgresPair
 from tools.cluster.rabbit import RabbitCluster
 
 __all__ = ["CLUSTERS", "ClusterMode"]
 
-CLUSTERS = ("rabbit", "postgres", "both")
+CLUSTERS = ("rabbit", "postgres", "both", "patroni")
 RABBIT_FAULTS = ("rabbit_kill_leader", "rabbit_stop_leader", "rabbit_kill_node", "rabbit_stop_node")
 
 
@@ -51,10 +57,11 @@ class ClusterMode:
         self.synchronous = synchronous
         self.node_downtime = node_downtime
         self.rabbit: RabbitCluster | None = None
-        self.postgres: PostgresPair | None = None
+        self.postgres: PostgresPair | PatroniCluster | None = None
         self.faults: Counter[str] = Counter()
         self.errors: list[str] = []
         self.pg_unavailable: list[float] = []
+        self.pg_switchover_stalls: list[float] = []
         self._stack = ExitStack()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,6 +73,8 @@ class ClusterMode:
                 self.rabbit = stack.enter_context(RabbitCluster())
             if self.kind in ("postgres", "both"):
                 self.postgres = stack.enter_context(PostgresPair(synchronous=self.synchronous))
+            if self.kind == "patroni":
+                self.postgres = stack.enter_context(PatroniCluster(synchronous=self.synchronous))
             self._stack = stack.pop_all()
         return self
 
@@ -117,6 +126,8 @@ class ClusterMode:
         kinds of each."""
         rabbit = list(RABBIT_FAULTS) if self.rabbit else []
         postgres = ["pg_failover"] * (len(rabbit) or 1) if self.postgres else []
+        if self.kind == "patroni":
+            postgres = ["pg_failover", "pg_switchover"]
         order = [k for pair in itertools.zip_longest(postgres, rabbit) for k in pair if k]
         kinds = itertools.cycle(order)
 
@@ -163,6 +174,11 @@ class ClusterMode:
             self.pg_unavailable.append(self.postgres.failover())
             self.faults[kind] += 1
             return
+        if kind == "pg_switchover":
+            assert isinstance(self.postgres, PatroniCluster)
+            self.pg_switchover_stalls.append(self.postgres.switchover())
+            self.faults[kind] += 1
+            return
         assert self.rabbit is not None
         leader = self.rabbit.leader(queue, vhost)
         if kind.endswith("_leader"):
@@ -185,6 +201,10 @@ class ClusterMode:
             report["pg_promotions"] = self.postgres.promotions
             if self.pg_unavailable:
                 report["pg_unwritable_seconds_max"] = round(max(self.pg_unavailable), 2)
+            if self.pg_switchover_stalls:
+                report["pg_switchover_unwritable_seconds"] = [
+                    round(s, 2) for s in self.pg_switchover_stalls
+                ]
         if self.rabbit is not None:
             report["rabbit_nodes"] = [n.name for n in self.rabbit.nodes]
         return report

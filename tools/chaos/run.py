@@ -681,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--relays", type=int, default=2, help="inbox-relay processes (--outbox)")
     args = parser.parse_args(argv)
-    pg_cluster = args.cluster in ("postgres", "both")
+    pg_cluster = args.cluster in ("postgres", "both", "patroni")
     if pg_cluster and args.database != "postgresql":
         parser.error(f"--cluster {args.cluster} runs on PostgreSQL: drop --database")
     ops = args.ops or (200_000 if args.soak else 5_000)

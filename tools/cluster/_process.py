@@ -18,6 +18,7 @@ __all__ = [
     "Fatal",
     "Watchdog",
     "free_ports",
+    "freeze_and_kill",
     "kill_group",
     "kill_tree",
     "port_free",
@@ -133,6 +134,28 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def freeze_and_kill(pids: Sequence[int], *, timeout: float = 30.0) -> None:
+    """Crash the processes ``pids`` and every process below each at one instant: all are
+    stopped (SIGSTOP), then all SIGKILLed; return once they are gone. For servers started
+    by a supervisor that detaches them (Patroni's postmaster is nobody's child)."""
+    frozen: list[int] = []
+    pending = list(pids)
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+            pending.extend(_children(pid))
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in frozen):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"processes {frozen} survived SIGKILL")
+        time.sleep(0.05)
 
 
 def kill_tree(process: subprocess.Popen[bytes], *, timeout: float = 30.0) -> None:

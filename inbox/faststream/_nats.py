@@ -1,0 +1,202 @@
+"""The FastStream edge on NATS JetStream: a durable pull consumer, JetStream's own redelivery
+for a failed try (a NAK with the retry's delay), dead letters to a stream of their own.
+
+JetStream counts the deliveries of each message itself, so the tries are not carried in a
+header: a delivery's ``num_delivered`` minus one is the number of tries before it, and a
+failed try is given back with ``NAK {delay}`` (the :class:`~inbox.faststream._edge.Transport`'s
+"copy" to the consumed subject is that redelivery; nothing is published). The consumer's
+``max_deliver`` bounds the deliveries that ended without any decision (a consumer that died,
+``ack_wait`` that ran out); a message that fails ``max_tries`` times is dead-lettered by the
+edge before JetStream would give up on it. A dead letter is published to
+``<subject>.dlq``, captured by the stream ``<stream>_dlq``, and acknowledged by JetStream
+(its ``PubAck``) before the delivery is acked. What this cannot promise is in
+docs/faststream.md.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import Any, Final
+
+from faststream.message import StreamMessage
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.message import NatsMessage
+from nats.errors import Error as NatsError
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import Error as JetStreamError
+
+from inbox.aio import AsyncInbox
+from inbox.delivery import headers as h
+from inbox.delivery.topology import RetryPolicy
+from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
+from inbox.faststream._subscription import InboxSubscription, check_positive
+
+__all__ = ["subscribe_nats_stream"]
+
+DEAD_LETTER_STREAM_SUFFIX: Final = "_dlq"
+"""The dead-letter stream of stream ``orders`` is ``orders_dlq`` (stream names take no dot)."""
+_UNDECIDED_DELIVERIES: Final = 3
+"""``max_deliver``'s default headroom past ``max_tries``: deliveries that died undecided."""
+
+
+def subscribe_nats_stream(
+    broker: NatsBroker,
+    inbox: AsyncInbox,
+    subject: str,
+    *,
+    stream: JStream | str,
+    durable: str,
+    retry: RetryPolicy | None = None,
+    max_workers: int = 1,
+    ack_wait: float = 30.0,
+    max_deliver: int | None = None,
+    default_content_type: str | None = "application/json",
+) -> InboxSubscription:
+    """Consume ``subject`` of the JetStream ``stream`` on ``broker`` through ``inbox``, with
+    the durable pull consumer ``durable``.
+
+    Each message becomes an :class:`inbox.Message` (header ``message_id``, else
+    ``Nats-Msg-Id``; header ``type``) and is acked only after ``await inbox.process()``
+    committed or found it a duplicate. A failed try is NAKed with the delay of ``retry`` and
+    JetStream delivers it again; the last one (``retry.max_tries``), or a message that cannot
+    be a message, is published to ``<subject>.dlq`` (stream ``<stream>_dlq``) with the
+    ``x-inbox-*`` headers and acked once JetStream stored it. Every delivery counts as a try,
+    one that died without a decision too. ``max_deliver`` (default ``max_tries + 3``) is the
+    consumer's bound on deliveries; ``ack_wait`` (seconds) how long JetStream waits for a
+    decision before it delivers again. Up to ``max_workers`` messages are processed at once.
+
+    Refused: a wildcard ``subject`` (its ``.dlq`` would be captured by the consumed stream),
+    ``max_deliver`` below ``max_tries`` (JetStream would stop before the edge dead-letters).
+    """
+    if not isinstance(subject, str) or not subject or any(c in subject for c in "*> "):
+        raise ValueError(f"subject must be one literal subject (no wildcard), got {subject!r}")
+    if not isinstance(durable, str) or not durable:
+        raise ValueError("durable must name the consumer: a nameless one forgets its acks")
+    check_positive("max_workers", max_workers)
+    check_positive("ack_wait", ack_wait)
+    policy = retry or RetryPolicy()
+    if max_deliver is None:
+        max_deliver = policy.max_tries + _UNDECIDED_DELIVERIES
+    check_positive("max_deliver", max_deliver)
+    if max_deliver < policy.max_tries:
+        raise ValueError(
+            f"max_deliver={max_deliver} is below the retry policy's max_tries="
+            f"{policy.max_tries}: JetStream would stop delivering before the dead letter"
+        )
+    consumed = stream if isinstance(stream, JStream) else JStream(stream)
+    dead_letters = JStream(
+        f"{consumed.name}{DEAD_LETTER_STREAM_SUFFIX}",
+        subjects=[f"{subject}.dlq"],
+        num_replicas=consumed.config.num_replicas,
+    )
+    # A publisher declares the dead-letter stream when the broker starts, beside the
+    # consumed one the subscriber declares.
+    broker.publisher(f"{subject}.dlq", stream=dead_letters, include_in_schema=False)
+    edge = InboxEdge(
+        inbox,
+        _NatsTransport(broker, subject, dead_letters.name),
+        policy,
+        default_content_type=default_content_type,
+    )
+    subscriber = broker.subscriber(
+        subject,
+        stream=consumed,
+        durable=durable,
+        config=ConsumerConfig(
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max(1000, 2 * max_workers),
+            deliver_policy=DeliverPolicy.ALL,
+        ),
+        pull_sub=PullSub(batch_size=max_workers),
+        max_workers=max_workers,
+        ack_policy=AckPolicy.MANUAL,
+        decoder=_as_is,
+        no_reply=True,
+        title=f"inbox:{subject}",
+    )
+    subscriber(edge.handle)
+    return InboxSubscription(subscriber, edge)
+
+
+async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
+    return msg  # the edge decodes the body itself (see _rabbit._as_is)
+
+
+class _NatsTransport(Transport):
+    def __init__(self, broker: NatsBroker, subject: str, dead_letter_stream: str) -> None:
+        self.broker = broker
+        self.queue = subject
+        self.dead_letter_stream = dead_letter_stream
+        self._delays: weakref.WeakKeyDictionary[StreamMessage[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def read(self, msg: StreamMessage[Any]) -> Inbound:
+        headers: dict[str, Any] = dict(msg.headers)
+        delivered = _num_delivered(msg)
+        if delivered is not None:
+            # JetStream's own count: a try that died with its consumer counts too.
+            headers[h.TRIES] = delivered - 1
+        else:
+            tries = headers.get(h.TRIES)
+            if isinstance(tries, str) and tries.isdigit():
+                headers[h.TRIES] = int(tries)
+        return Inbound(
+            raw_id=headers.get("message_id") or headers.get("Nats-Msg-Id"),
+            message_type=headers.get("type"),
+            headers=headers,
+            data=msg.body,
+            content_type=headers.get("content-type") or None,
+            content_encoding=headers.get("content-encoding"),
+        )
+
+    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
+        self._delays[msg] = delay_ms / 1000
+        return self.queue, 0.0  # JetStream holds it: the "copy" below is a NAK with delay
+
+    async def prepare(self) -> None:
+        """Both streams are declared when the broker starts."""
+
+    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+        try:
+            if target == self.queue:
+                # The retry: JetStream delivers this message again after the delay and
+                # counts the delivery; the edge's ack that follows is then a no-op.
+                delay = self._delays.get(msg, 0.0)
+                await (msg.nack(delay=delay) if isinstance(msg, NatsMessage) else msg.nack())
+                return
+            sent = {key: str(value) for key, value in headers.items()}
+            metadata = _metadata(msg)
+            if metadata is not None:
+                # A consumer that dies between this publish and the ack publishes it again
+                # on the redelivery: JetStream drops the second within its duplicate window.
+                sequence = metadata.sequence.stream
+                sent["Nats-Msg-Id"] = f"{metadata.stream}:{sequence}:dead-letter"
+            correlation_id = sent.pop("correlation_id", None) or msg.correlation_id
+            await self.broker.publish(
+                msg.body,
+                target,
+                headers=sent,
+                correlation_id=correlation_id,
+                stream=self.dead_letter_stream,
+            )
+        except (NatsError, JetStreamError, ConnectionError, TimeoutError) as exc:
+            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+
+    def settleable(self, msg: StreamMessage[Any]) -> bool:
+        return True  # a message stays pending on its consumer until acked or ack_wait passes
+
+
+def _metadata(msg: StreamMessage[Any]) -> Any:
+    try:
+        return msg.raw_message.metadata
+    except Exception:  # not a JetStream delivery (a test broker's message)
+        return None
+
+
+def _num_delivered(msg: StreamMessage[Any]) -> int | None:
+    metadata = _metadata(msg)
+    return None if metadata is None else int(metadata.num_delivered)

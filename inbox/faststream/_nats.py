@@ -30,7 +30,8 @@ from nats.js.errors import Error as JetStreamError
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
 from inbox.delivery.topology import RetryPolicy
-from inbox.faststream._edge import Inbound, InboxEdge, Refused, Transport
+from inbox.errors import ConfigurationError, CopyRefused
+from inbox.faststream._edge import Inbound, InboxEdge, Transport
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_nats_stream"]
@@ -67,13 +68,16 @@ def subscribe_nats_stream(
     consumer's bound on deliveries; ``ack_wait`` (seconds) how long JetStream waits for a
     decision before it delivers again. Up to ``max_workers`` messages are processed at once.
 
-    Refused: a wildcard ``subject`` (its ``.dlq`` would be captured by the consumed stream),
-    ``max_deliver`` below ``max_tries`` (JetStream would stop before the edge dead-letters).
+    Raises :class:`~inbox.ConfigurationError` for a wildcard ``subject`` (its ``.dlq`` would
+    be captured by the consumed stream), or ``max_deliver`` below ``max_tries`` (JetStream
+    would stop before the edge dead-letters).
     """
     if not isinstance(subject, str) or not subject or any(c in subject for c in "*> "):
-        raise ValueError(f"subject must be one literal subject (no wildcard), got {subject!r}")
+        raise ConfigurationError(
+            f"subject must be one literal subject (no wildcard), got {subject!r}"
+        )
     if not isinstance(durable, str) or not durable:
-        raise ValueError("durable must name the consumer: a nameless one forgets its acks")
+        raise ConfigurationError("durable must name the consumer: a nameless one forgets its acks")
     check_positive("max_workers", max_workers)
     check_positive("ack_wait", ack_wait)
     policy = retry or RetryPolicy()
@@ -81,7 +85,7 @@ def subscribe_nats_stream(
         max_deliver = policy.max_tries + _UNDECIDED_DELIVERIES
     check_positive("max_deliver", max_deliver)
     if max_deliver < policy.max_tries:
-        raise ValueError(
+        raise ConfigurationError(
             f"max_deliver={max_deliver} is below the retry policy's max_tries="
             f"{policy.max_tries}: JetStream would stop delivering before the dead letter"
         )
@@ -184,7 +188,7 @@ class _NatsTransport(Transport):
                 stream=self.dead_letter_stream,
             )
         except (NatsError, JetStreamError, ConnectionError, TimeoutError) as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+            raise CopyRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def settleable(self, msg: StreamMessage[Any]) -> bool:
         return True  # a message stays pending on its consumer until acked or ack_wait passes

@@ -173,7 +173,7 @@ def test_a_delivery_whose_ack_is_lost_comes_back_after_ack_wait_as_a_duplicate(
                 broker, inbox, subject, stream=stream, durable="inbox", ack_wait=1.0
             )
             edge = subscription.edge
-            settle = edge._settle
+            settle = edge._answer_broker
             dropped: list[object] = []
 
             async def lose_the_first_ack(msg: Any, *, ack: bool) -> bool:
@@ -182,7 +182,7 @@ def test_a_delivery_whose_ack_is_lost_comes_back_after_ack_wait_as_a_duplicate(
                     return True  # as if the process died after the commit, before the ack
                 return await settle(msg, ack=ack)
 
-            edge._settle = lose_the_first_ack  # type: ignore[method-assign]
+            edge._answer_broker = lose_the_first_ack  # type: ignore[method-assign]
             async with broker:
                 await broker.start()
                 headers = {"message_id": _id("once"), "type": "op"}

@@ -121,7 +121,7 @@ def _plots(files: Files, config: MkDocsConfig) -> str:
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from inbox.admin.cli import command_parsers
+    from inbox.admin._parser import command_parsers
     from inbox.broker.cli import _worker_parser
     from inbox.outbox.relay.cli import _relay_parser
     from inbox.retention.cli import _cleanup_parser

@@ -24,8 +24,8 @@ from inbox.admin import _dead_letters as _dlq
 from inbox.admin import _status
 from inbox.admin._commands import Tables
 from inbox.admin._workers import read_readiness
+from inbox.console import _claim_pages, _effect_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
-from inbox.console import _record_pages as records
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
 from inbox.console._settings import ConsoleSettings
@@ -230,15 +230,15 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/dead-letters/message", letters.dead_letter, methods=["GET"]),
             Route("/dead-letters/replay", letters.replay, methods=["POST"]),
             Route("/dead-letters/purge", letters.purge, methods=["POST"]),
-            Route("/effects", records.effects, methods=["GET"]),
-            Route("/effects/{key}", records.effect, methods=["GET"]),
-            Route("/effects/{key}/done", records.effect_done, methods=["POST"]),
-            Route("/effects/{key}/release", records.effect_release, methods=["POST"]),
-            Route("/outbox", records.outbox, methods=["GET"]),
-            Route("/outbox/retry", records.outbox_retry, methods=["POST"]),
-            Route("/outbox/drop", records.outbox_drop, methods=["POST"]),
-            Route("/claims", records.claims, methods=["GET"]),
-            Route("/claims/release", records.claims_release, methods=["POST"]),
+            Route("/effects", _effect_pages.effects, methods=["GET"]),
+            Route("/effects/{key}", _effect_pages.effect, methods=["GET"]),
+            Route("/effects/{key}/done", _effect_pages.effect_done, methods=["POST"]),
+            Route("/effects/{key}/release", _effect_pages.effect_release, methods=["POST"]),
+            Route("/outbox", _outbox_pages.outbox, methods=["GET"]),
+            Route("/outbox/retry", _outbox_pages.outbox_retry, methods=["POST"]),
+            Route("/outbox/drop", _outbox_pages.outbox_drop, methods=["POST"]),
+            Route("/claims", _claim_pages.claims, methods=["GET"]),
+            Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

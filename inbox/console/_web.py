@@ -32,6 +32,7 @@ __all__ = [
     "SecurityHeaders",
     "User",
     "action",
+    "audit_tenant",
     "current_schema",
     "current_user",
     "failure_page",
@@ -279,3 +280,8 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+def audit_tenant(tables: Tables) -> dict[str, object]:
+    """The tenant schema an action worked in, for its audit line (nothing without one)."""
+    return {"schema": tables.claims.schema} if tables.claims.schema else {}

@@ -1,0 +1,174 @@
+"""The ``inbox`` command's grammar: its subcommands, their options and their help, as one
+argparse parser (and each subcommand's, for the generated CLI reference)."""
+
+from __future__ import annotations
+
+import argparse
+
+from inbox._amqp.connections import BROKER_URL_ENV
+from inbox._cli import (
+    DATABASE_URL_ENV,
+    UsageParser,
+    add_version,
+    whole_number,
+)
+from inbox.admin._dlq_commands import dead_letter_reason, duration
+from inbox.schema import (
+    DEFAULT_EFFECT_TABLE_NAME,
+    DEFAULT_OUTBOX_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+)
+
+__all__ = ["command_parsers", "usage_parser"]
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of ``inbox``, by command line (``"inbox"``, ``"inbox status"``,
+    ``"inbox dlq replay"``...): what the CLI reference of the docs is generated from."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    usage_parser(parsers)
+    return parsers
+
+
+def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> UsageParser:
+    parser = UsageParser(
+        prog="inbox",
+        description="Look into and repair an inbox: claims, effects, outbox, dead letters.",
+    )
+    add_version(parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
+
+    status = commands.add_parser("status", help="claims per handler, outbox, effects, dead letters")
+    _database_options(status)
+    status.add_argument("--broker", help=f"with --queue: dead letters (default ${BROKER_URL_ENV})")
+    status.add_argument("--queue", dest="queues", action="append", default=[], help="repeat")
+    status.add_argument("--json", action="store_true", help="one JSON document")
+    tenants = status.add_mutually_exclusive_group()
+    tenants.add_argument(
+        "--schema", dest="schemas", action="append", default=[], help="a tenant schema; repeat"
+    )
+    tenants.add_argument(
+        "--all-schemas", action="store_true", help="every schema holding the claims table"
+    )
+
+    show = commands.add_parser("show", help="which handlers processed a message, and when")
+    _database_options(show)
+    _key_options(show)
+    show.add_argument("--handler", help="only this handler")
+    show.add_argument("--json", action="store_true", help="one JSON document")
+
+    release = commands.add_parser(
+        "release", help="delete a handler's claim and effect records: the next delivery re-runs it"
+    )
+    _database_options(release)
+    _key_options(release)
+    release.add_argument("--handler", required=True, help="the handler to run again")
+    release.add_argument("--yes", action="store_true", help="do not ask")
+
+    upgrade = commands.add_parser(
+        "migrate",
+        help="create or upgrade the inbox's tables: the shipped revisions, from the package",
+    )
+    upgrade.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    upgrade.add_argument(
+        "--revision", default="head", help="an inbox revision to upgrade to (default: head)"
+    )
+
+    dlq = commands.add_parser("dlq", help="a worker's dead-letter queue <QUEUE>.dlq")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=UsageParser)
+    listing = dlq_commands.add_parser("list", help="the first dead letters, left in place")
+    _broker_options(listing)
+    listing.add_argument("--limit", type=whole_number(1, 10_000), default=20)
+    listing.add_argument("--json", action="store_true", help="one JSON document")
+    show_one = dlq_commands.add_parser("show", help="one dead letter in full, left in place")
+    _broker_options(show_one)
+    show_one.add_argument("message_id", metavar="MESSAGE-ID")
+    show_one.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
+    replay = dlq_commands.add_parser(
+        "replay", help="move the dead letters present now back to QUEUE, tries reset"
+    )
+    _move_options(replay)
+    replay.add_argument(
+        "--max-replays",
+        type=whole_number(1),
+        default=3,
+        help="leave a message replayed N times already where it is (default 3)",
+    )
+    replay.add_argument(
+        "--keep-tries",
+        action="store_true",
+        help="keep x-inbox-tries: one more failure dead-letters",
+    )
+    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
+    _move_options(purge)
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+
+    console = commands.add_parser(
+        "console", help="the operator console in a browser (docs/console.md)"
+    )
+    _database_options(console)
+    # The console is built on this package's operations; the command only reaches it here
+    # and at its run, when asked (no import cycle, no web stack for the other commands).
+    from inbox.console._command import add_options as console_options
+
+    console_options(console)
+
+    commands.add_parser(
+        "cleanup",
+        help=(
+            "inbox-cleanup (see inbox cleanup --help); with --broker/--queue Q it keeps every "
+            "claim younger than the oldest dead letter of Q"
+        ),
+        add_help=False,
+    )
+    if parsers is not None:
+        parsers["inbox"] = parser
+        parsers.update({f"inbox {name}": p for name, p in commands.choices.items()})
+        parsers.update({f"inbox dlq {name}": p for name, p in dlq_commands.choices.items()})
+    return parser
+
+
+def _database_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    parser.add_argument("--table", default=DEFAULT_TABLE_NAME, help="claims table, [SCHEMA.]NAME")
+    parser.add_argument("--effect-table", default=DEFAULT_EFFECT_TABLE_NAME, help="[SCHEMA.]NAME")
+    parser.add_argument("--outbox-table", default=DEFAULT_OUTBOX_TABLE_NAME, help="[SCHEMA.]NAME")
+
+
+def _key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "id_or_key",
+        metavar="ID-OR-KEY",
+        help="a message id, or a business key as the producer wrote it",
+    )
+    parser.add_argument(
+        "--key",
+        action="store_true",
+        help="ID-OR-KEY is a business key even if it looks like a UUID",
+    )
+
+
+def _move_options(parser: argparse.ArgumentParser) -> None:
+    _broker_options(parser)
+    parser.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    parser.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        type=dead_letter_reason,
+        help="only this reason, as x-inbox-reason says it (handler-failed, ...; repeat)",
+    )
+    parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
+    parser.add_argument(
+        "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
+    )
+    parser.add_argument(
+        "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
+
+
+def _broker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", help=f"RabbitMQ URL (default ${BROKER_URL_ENV})")
+    parser.add_argument("--queue", required=True, help="the worker's queue (its .dlq is read)")

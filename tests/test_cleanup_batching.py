@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, create_engine, func, insert, select, 
 from support.databases import Database
 
 from inbox import cleanup
-from inbox.retention._batches import _LOCK_SPACE, _oid_key
+from inbox.retention._pg_walk import _LOCK_SPACE, _oid_key
 from inbox.retention._sizing import (
     FIRST_ADAPTIVE_BATCH,
     MAX_ADAPTIVE_BATCH,

@@ -19,7 +19,7 @@ from support.databases import Database
 from support.effects import record_effect
 
 from inbox import ClaimCommittedEarly, HandlerFailed, Inbox, Message, Outcome, cleanup
-from inbox.retention._batches import _LOCK_SPACE
+from inbox.retention._pg_walk import _LOCK_SPACE
 from inbox.schema import metadata
 
 

@@ -154,7 +154,14 @@ class Page:
         return self.find(css).text
 
     def link(self, text: str) -> None:
-        self.browser.find_element(By.PARTIAL_LINK_TEXT, text).click()
+        found: list[WebElement] = []
+
+        def present() -> bool:  # the page may still be loading after the last click
+            found[:] = self.browser.find_elements(By.PARTIAL_LINK_TEXT, text)
+            return bool(found)
+
+        wait_until(present, f"a link {text!r} on {self.browser.current_url}", timeout=10)
+        found[0].click()
 
     def shot(self, name: str) -> None:
         """Save a screenshot for the docs, when INBOX_CONSOLE_SCREENSHOTS asks for them."""

@@ -1,5 +1,5 @@
-"""The retry loop, awaited: the blocking loop's decisions (:meth:`Backoff.delay_after`) and
-log line, with ``asyncio.sleep`` instead of ``time.sleep``."""
+"""The retry loop, awaited: the steps of :func:`inbox.core._retry.rerun` carried out with
+``asyncio.sleep`` instead of ``time.sleep``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from inbox.core._retry import Backoff, log_retry
+from inbox.core._retry import Backoff, rerun
+from inbox.core._steps import Ended, Failed, Pause, advance, outcome
 
 __all__ = ["run_with_retries"]
 
@@ -15,25 +16,22 @@ R = TypeVar("R")
 
 
 async def run_with_retries(
-    work: Callable[[], Awaitable[R]],
-    backoff: Backoff,
-    what: Callable[[], str],
-    failure: Exception | None = None,
+    work: Callable[[], Awaitable[R]], backoff: Backoff, what: Callable[[], str]
 ) -> R:
-    """Await ``work()`` until it returns, re-running it after the errors ``backoff`` retries;
-    the last error propagates (a cancellation at once, never retried). ``failure`` is the
-    error of a first attempt the caller already made."""
-    reruns = 0
-    while True:
-        if failure is not None:
-            delay = backoff.delay_after(failure, reruns)
-            if delay is None:
-                raise failure
-            reruns += 1
-            log_retry(what, failure, reruns, backoff, delay)
-            await asyncio.sleep(delay)
-            failure = None
+    """Await ``work()`` until it returns, re-running it as :func:`~inbox.core._retry.rerun`
+    decides; the last error propagates (a cancellation at once, never retried)."""
+    try:
+        return await work()
+    except Exception as exc:
+        steps = rerun(work, Failed(exc), backoff, what)
+    reply: object = None
+    while not isinstance(step := advance(steps, reply), Ended):
+        reply = None
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            continue
         try:
-            return await work()
+            reply = await step()
         except Exception as exc:
-            failure = exc
+            reply = Failed(exc)
+    return outcome(step.value)  # type: ignore[no-any-return]

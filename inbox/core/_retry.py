@@ -1,8 +1,9 @@
 """Re-running work the database aborted for reasons of timing: which errors those are, how
 long to wait, and the one retry loop every caller shares.
 
-The decisions (:func:`is_transient`, :meth:`Backoff.delay_after`) do no I/O, so a blocking
-caller and an async one make them the same way; only the waiting differs.
+The decisions (:func:`is_transient`, :meth:`Backoff.delay_after`, the loop :func:`rerun`) do
+no I/O, so a blocking caller and an async one make them the same way: :func:`run_with_retries`
+carries the loop's steps out blocking, :func:`inbox.aio._retry.run_with_retries` awaiting.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["Backoff", "is_transient", "log_retry", "run_with_retries"]
+from inbox.core._steps import Ended, Failed, Pause, advance, outcome
+
+__all__ = ["Backoff", "Rerun", "is_transient", "log_retry", "rerun", "run_with_retries"]
 
 logger = logging.getLogger("inbox.core")
 
@@ -30,6 +33,7 @@ _SQLITE_TRANSIENT: Final = frozenset({5, 6})
 _CHAIN_LIMIT: Final = 8
 
 R = TypeVar("R")
+S = TypeVar("S")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -82,29 +86,50 @@ class Backoff:
         return float(self.base_delay * 2 ** (reruns + 1) * random.uniform(0.5, 1.5))
 
 
-def run_with_retries(
-    work: Callable[[], R],
-    backoff: Backoff,
-    what: Callable[[], str],
-    failure: Exception | None = None,
-) -> R:
-    """Call ``work`` until it returns, re-running it after the errors ``backoff`` retries;
-    the last error propagates. ``what`` names the work in the log line of each retry;
-    ``failure`` is the error of a first attempt the caller already made."""
+Rerun: TypeAlias = Generator[S | Pause, Any, Any]
+
+
+def rerun(step: S, failed: Failed, backoff: Backoff, what: Callable[[], str]) -> Rerun[S]:
+    """The retry loop's steps once ``step`` has ``failed``: a :class:`Pause`, then ``step``
+    again, for as long as ``backoff`` retries the error; returns the reply that ends it:
+    the step's outcome, or the :class:`Failed` that is final (an exit exception at once).
+    ``what`` names the work in the log line of each retry.
+
+    Callers yield ``step`` themselves first and enter the loop only when it failed, so a
+    first try that succeeds costs no generator."""
     reruns = 0
-    while True:
-        if failure is not None:
-            delay = backoff.delay_after(failure, reruns)
-            if delay is None:
-                raise failure
-            reruns += 1
-            log_retry(what, failure, reruns, backoff, delay)
-            time.sleep(delay)
-            failure = None
+    while isinstance(error := failed.error, Exception):
+        delay = backoff.delay_after(error, reruns)
+        if delay is None:
+            break
+        reruns += 1
+        log_retry(what, error, reruns, backoff, delay)
+        yield Pause(delay)
+        done = yield step
+        if not isinstance(done, Failed):
+            return done
+        failed = done
+    return failed
+
+
+def run_with_retries(work: Callable[[], R], backoff: Backoff, what: Callable[[], str]) -> R:
+    """Call ``work`` until it returns, re-running it as :func:`rerun` decides; the last
+    error propagates. ``what`` names the work in the log line of each retry."""
+    try:
+        return work()
+    except Exception as exc:
+        steps = rerun(work, Failed(exc), backoff, what)
+    reply: object = None
+    while not isinstance(step := advance(steps, reply), Ended):
+        reply = None
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            continue
         try:
-            return work()
+            reply = step()
         except Exception as exc:
-            failure = exc
+            reply = Failed(exc)
+    return outcome(step.value)  # type: ignore[no-any-return]
 
 
 def log_retry(

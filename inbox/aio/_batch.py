@@ -1,17 +1,17 @@
-"""Batches, awaited: the blocking inbox's batch decisions (:func:`inbox.core._batch.settle` and
-the functions that shape the transaction) driven with awaits."""
+"""Batches, awaited: the steps of :func:`inbox.core._batch.settle` (a batch transaction, a
+message alone, a pause before a retry) carried out with awaits; the functions that shape the
+transaction are the blocking batch's."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 
-from inbox.aio._retry import run_with_retries
 from inbox.aio._transaction import AsyncHandlerTransaction
 from inbox.core._batch import (
     Alone,
+    BatchParts,
     BatchResult,
-    Steps,
     Together,
     claims_to_make,
     finish,
@@ -21,11 +21,9 @@ from inbox.core._batch import (
     split,
 )
 from inbox.core._batch_handlers import batched
-from inbox.core._guards import Guards
-from inbox.core._handlers import Registry
-from inbox.core._retry import Backoff
 from inbox.core._routing import Planned
 from inbox.core._settlement import Settlement
+from inbox.core._steps import Ended, Failed, Pause, advance
 from inbox.errors import HandlerFailed
 from inbox.message import Message
 from inbox.result import ProcessResult
@@ -33,23 +31,11 @@ from inbox.result import ProcessResult
 __all__ = ["AsyncBatchProcessor"]
 
 
-class AsyncBatchProcessor:
-    """Runs :meth:`inbox.aio.AsyncInbox.process_batch` with the inbox's parts (as
-    :class:`inbox.core._batch.BatchProcessor` does for the blocking inbox)."""
+class AsyncBatchProcessor(BatchParts[AsyncHandlerTransaction, Awaitable[ProcessResult]]):
+    """Runs :meth:`inbox.aio.AsyncInbox.process_batch`: the steps of
+    :func:`inbox.core._batch.settle` carried out awaiting."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        transaction: Callable[[], AsyncHandlerTransaction],
-        guards: Mapping[str, Guards],
-        backoff: Backoff,
-        alone: Callable[[Planned], Awaitable[ProcessResult]],
-    ) -> None:
-        self._registry = registry
-        self._transaction = transaction
-        self._guards = guards
-        self._backoff = backoff
-        self._alone = alone
+    __slots__ = ()
 
     async def process(
         self,
@@ -58,34 +44,24 @@ class AsyncBatchProcessor:
     ) -> list[BatchResult]:
         """Each message's result or error, in order."""
         results, planned = split(messages, plan)
-        steps = settle([p for _, p in planned], self._backoff.retries)
-        return merge(results, planned, await self._drive(steps))
+        steps, reply = settle([p for _, p in planned], self._backoff), None
+        while not isinstance(step := advance(steps, reply), Ended):
+            reply = await self._carry_out(step)
+        return merge(results, planned, step.value)
 
-    async def _drive(self, steps: Steps) -> list[BatchResult]:
-        try:
-            step = next(steps)
-            while True:
-                failure: Exception | None = None
-                try:
-                    done = await self._run(step)
-                except Exception as exc:
-                    failure = exc
-                # Thrown outside the except block: what runs next must not chain to it.
-                step = steps.send(done) if failure is None else steps.throw(failure)
-                del failure
-        except StopIteration as settled:
-            value: list[BatchResult] = settled.value
-            return value
-
-    async def _run(self, step: Together | Alone) -> object:
+    async def _carry_out(self, step: Together | Alone | Pause) -> object:
         if isinstance(step, Alone):
             try:
                 return await self._alone(step.planned)
             except HandlerFailed as failed:
                 return failed
-        size = len(step.batch)
-        run = functools.partial(self._run_once, step.batch)
-        return await run_with_retries(run, self._backoff, lambda: f"batch of {size} messages")
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        try:
+            return await self._run_once(step.batch)
+        except Exception as exc:
+            return Failed(exc)
 
     async def _run_once(self, batch: Sequence[Planned]) -> list[BatchResult]:
         settlements = [Settlement(planned.message) for planned in batch]

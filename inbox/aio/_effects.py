@@ -10,22 +10,17 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from inbox.aio._completion import run_to_completion
 from inbox.core._backends import check_supported
-from inbox.core._retry import Backoff
 from inbox.core._run import HandlerRun
 from inbox.core._steps import Failed
 from inbox.core.effects._blocking import ledger_engine
 from inbox.core.effects._identity import EffectRef
-from inbox.core.effects._ledger import Ledger
-from inbox.core.effects._pool import LedgerEngines
-from inbox.core.effects._results import KeptResults
-from inbox.core.effects._steps import Call, Write, begin_effect, effect_steps
+from inbox.core.effects._steps import Call, EffectsBase, Write
 from inbox.errors import ConfigurationError
-from inbox.schema import resolve_effect_table
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
 
@@ -34,46 +29,24 @@ AsyncEffectCall = Callable[[Any], Awaitable[Any] | Any]
 the other side's idempotency key; its (awaited) result must be JSON-serializable."""
 
 
-class AsyncEffects:
+class AsyncEffects(EffectsBase[AsyncEngine]):
     """The effects of one async inbox: its ledger, its store, its retry policy."""
 
-    def __init__(
-        self,
-        owner: object,
-        store: AsyncEngine | None,
-        table: str | Table,
-        backoff: Backoff,
-        *,
-        tenants: bool = False,
-    ) -> None:
-        if store is not None:
-            if not isinstance(store, AsyncEngine):
-                raise ConfigurationError(
-                    "effect_store of an AsyncInbox must be an AsyncEngine "
-                    f"(create_async_engine(...)), got {type(store).__name__}"
-                )
-            check_supported(store.dialect)
-        self._owner = owner
-        self._store = store
-        self._tenants = tenants
-        self._ledgers = LedgerEngines()
-        self._kept = KeptResults()
-        self._proxies: dict[int, AsyncEngine] = {}
-        self.ledger = Ledger(resolve_effect_table(table))
-        self._backoff = backoff
+    _proxies: dict[int, AsyncEngine]  # an AsyncEngine around each ledger engine
+
+    @staticmethod
+    def _check_store(store: object) -> None:
+        if not isinstance(store, AsyncEngine):
+            raise ConfigurationError(
+                "effect_store of an AsyncInbox must be an AsyncEngine "
+                f"(create_async_engine(...)), got {type(store).__name__}"
+            )
+        check_supported(store.dialect)
 
     async def run(self, step: object, call: AsyncEffectCall, mode: object) -> Any:
         """``AsyncInbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(
-            self._owner,
-            step,
-            call,
-            mode,
-            tenants=self._tenants,
-            shared_store=self._store is not None,
-        )
+        run, _, steps = self._begin(step, call, mode)
         engine = self._engine(run)
-        steps = effect_steps(self.ledger, self._kept, ref, checked_mode, self._backoff)
         reply: object = None
         try:
             while True:

@@ -2,25 +2,27 @@
 bisection down to the failing messages when the batch rolls back.
 
 The decisions do no I/O, so the blocking and the async inbox share them: :func:`settle` is a
-generator that yields the steps to run (:class:`Together`, :class:`Alone`) and is sent each
-step's results (or thrown its error); :func:`split`, :func:`claims_to_make`,
+generator that yields the steps to run (:class:`Together`, :class:`Alone`, a
+:class:`~inbox.core._steps.Pause` before a retry) and is sent each step's results (or
+:class:`~inbox.core._steps.Failed`); :func:`split`, :func:`claims_to_make`,
 :func:`handlers_to_run` and :func:`finish` shape the batch and its transaction.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from inbox.core._batch_handlers import batched
 from inbox.core._guards import Guards
 from inbox.core._handlers import RegisteredHandler, Registry
-from inbox.core._retry import Backoff, is_transient, run_with_retries
+from inbox.core._retry import Backoff, is_transient, rerun
 from inbox.core._routing import Planned
 from inbox.core._settlement import Settlement
+from inbox.core._steps import Ended, Failed, Pause, advance
 from inbox.core._transaction import HandlerTransaction
 from inbox.errors import SETUP_ERRORS, ClaimCommittedEarly, HandlerFailed, InboxError
 from inbox.message import Message
@@ -28,6 +30,7 @@ from inbox.result import Outcome, ProcessResult
 
 __all__ = [
     "Alone",
+    "BatchParts",
     "BatchProcessor",
     "BatchResult",
     "Steps",
@@ -43,12 +46,14 @@ __all__ = [
 logger = logging.getLogger("inbox.core")
 
 BatchResult: TypeAlias = ProcessResult | InboxError
+T = TypeVar("T")
+A = TypeVar("A")
 
 
 @dataclass(frozen=True, slots=True)
 class Together:
-    """Step: run these messages in one handler transaction (with the transient retries);
-    send back their results in order, or throw the error the transaction ended with."""
+    """Step: run these messages in one handler transaction; send back their results in
+    order, or :class:`~inbox.core._steps.Failed` with the error the transaction ended with."""
 
     batch: Sequence[Planned]
 
@@ -61,7 +66,7 @@ class Alone:
     planned: Planned
 
 
-Steps: TypeAlias = Generator[Together | Alone, Any, list[BatchResult]]
+Steps: TypeAlias = Generator[Together | Alone | Pause, Any, list[BatchResult]]
 
 
 def split(
@@ -95,26 +100,30 @@ def merge(
     return [r for r in results if r is not None]
 
 
-def settle(batch: Sequence[Planned], retries: int) -> Steps:
-    """The steps that settle ``batch``: together, then halves of it down to the failing
-    messages, or each message alone when the database keeps aborting it."""
+def settle(batch: Sequence[Planned], backoff: Backoff) -> Steps:
+    """The steps that settle ``batch``: together (re-run after transient errors as
+    ``backoff`` allows), then halves of it down to the failing messages, or each message
+    alone when the database keeps aborting it."""
     if len(batch) <= 1:
         alone: list[BatchResult] = []
         for planned in batch:
             alone.append((yield Alone(planned)))
         return alone
-    try:
-        together: list[BatchResult] = yield Together(batch)
-        return together
-    except SETUP_ERRORS:
-        raise
-    except ClaimCommittedEarly as early:
+    together = Together(batch)
+    done = yield together
+    if done.__class__ is Failed and not isinstance(done.error, SETUP_ERRORS):
+        size = len(batch)
+        done = yield from rerun(together, done, backoff, lambda: f"batch of {size} messages")
+    if done.__class__ is not Failed:
+        settled: list[BatchResult] = done
+        return settled
+    failure = done.error
+    if isinstance(failure, SETUP_ERRORS) or not isinstance(failure, Exception):
+        raise failure
+    if isinstance(failure, ClaimCommittedEarly):
         # A handler committed the batch's claims under the inbox: which handlers' writes
         # went in with them cannot be known, so every message goes to reconciliation.
-        return [_failed(planned, early) for planned in batch]
-    except Exception as exc:
-        failure = exc
-    # Outside the except block: the halves' own errors must not chain to this one.
+        return [_failed(planned, failure) for planned in batch]
     if is_transient(failure):
         # Deadlocks, lock timeouts, a lost connection outlasted the retries: maybe one
         # message's locks, maybe the database. Each message alone then, as without
@@ -123,10 +132,10 @@ def settle(batch: Sequence[Planned], retries: int) -> Steps:
             "batch of %d messages failed with a transient database error after %d "
             "retries (%s); processing its messages one by one",
             len(batch),
-            retries,
+            backoff.retries,
             type(failure).__name__,
         )
-        del failure
+        del failure, done
         each: list[BatchResult] = []
         for planned in batch:
             each.append((yield Alone(planned)))
@@ -140,9 +149,9 @@ def settle(batch: Sequence[Planned], retries: int) -> Steps:
         middle,
         len(batch) - middle,
     )
-    del failure
-    first = yield from settle(batch[:middle], retries)
-    return first + (yield from settle(batch[middle:], retries))
+    del failure, done
+    first = yield from settle(batch[:middle], backoff)
+    return first + (yield from settle(batch[middle:], backoff))
 
 
 def claims_to_make(registry: Registry, batch: Sequence[Planned]) -> list[tuple[str, list[bytes]]]:
@@ -187,24 +196,24 @@ def finish(settlements: Sequence[Settlement]) -> list[BatchResult]:
     return results
 
 
-class BatchProcessor:
-    """Runs :meth:`inbox.Inbox.process_batch` with the inbox's own parts: its registry, a
-    factory of handler transactions, the handlers' guards, the retry policy, and ``alone``,
-    the per-message path that a batch bisected down to one message takes."""
+@dataclass(frozen=True, slots=True)
+class BatchParts(Generic[T, A]):
+    """What a batch runs with, from its inbox: the registry, a factory of handler
+    transactions, the handlers' guards, the retry policy, and ``_alone``, the per-message
+    path that a batch bisected down to one message takes."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        transaction: Callable[[], HandlerTransaction],
-        guards: Mapping[str, Guards],
-        backoff: Backoff,
-        alone: Callable[[Planned], ProcessResult],
-    ) -> None:
-        self._registry = registry
-        self._transaction = transaction
-        self._guards = guards
-        self._backoff = backoff
-        self._alone = alone
+    _registry: Registry
+    _transaction: Callable[[], T]
+    _guards: Mapping[str, Guards]
+    _backoff: Backoff
+    _alone: Callable[[Planned], A]
+
+
+class BatchProcessor(BatchParts[HandlerTransaction, ProcessResult]):
+    """Runs :meth:`inbox.Inbox.process_batch`: the steps of :func:`settle` carried out
+    blocking."""
+
+    __slots__ = ()
 
     def process(
         self,
@@ -213,34 +222,24 @@ class BatchProcessor:
     ) -> list[BatchResult]:
         """Each message's result or error, in order (see :meth:`inbox.Inbox.process_batch`)."""
         results, planned = split(messages, plan)
-        steps = settle([p for _, p in planned], self._backoff.retries)
-        return merge(results, planned, self._drive(steps))
+        steps, reply = settle([p for _, p in planned], self._backoff), None
+        while not isinstance(step := advance(steps, reply), Ended):
+            reply = self._carry_out(step)
+        return merge(results, planned, step.value)
 
-    def _drive(self, steps: Steps) -> list[BatchResult]:
-        try:
-            step = next(steps)
-            while True:
-                failure: Exception | None = None
-                try:
-                    done = self._run(step)
-                except Exception as exc:
-                    failure = exc
-                # Thrown outside the except block: what runs next must not chain to it.
-                step = steps.send(done) if failure is None else steps.throw(failure)
-                del failure
-        except StopIteration as settled:
-            value: list[BatchResult] = settled.value
-            return value
-
-    def _run(self, step: Together | Alone) -> object:
+    def _carry_out(self, step: Together | Alone | Pause) -> object:
         if isinstance(step, Alone):
             try:
                 return self._alone(step.planned)
             except HandlerFailed as failed:
                 return failed
-        size = len(step.batch)
-        run = functools.partial(self._run_once, step.batch)
-        return run_with_retries(run, self._backoff, lambda: f"batch of {size} messages")
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        try:
+            return self._run_once(step.batch)
+        except Exception as exc:
+            return Failed(exc)
 
     def _run_once(self, batch: Sequence[Planned]) -> list[BatchResult]:
         settlements = [Settlement(planned.message) for planned in batch]

@@ -2,8 +2,9 @@
 long to wait, and the one retry loop every caller shares.
 
 The decisions (:func:`is_transient`, :meth:`Backoff.delay_after`, the loop :func:`rerun`) do
-no I/O, so a blocking caller and an async one make them the same way: :func:`run_with_retries`
-carries the loop's steps out blocking, :func:`inbox.aio._retry.run_with_retries` awaiting.
+no I/O, so a blocking caller and an async one make them the same way: the step generators
+(settle, the batch, effects) yield from :func:`rerun` and their shells wait, blocking or
+awaiting; :func:`run_with_retries` carries the loop out for one blocking call.
 """
 
 from __future__ import annotations

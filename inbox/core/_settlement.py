@@ -1,7 +1,8 @@
 """A message's handler runs settled into its result, written once for the blocking and the
 async inbox: :func:`settle` is a generator of the steps to take (run a handler's
-transaction, wait before a retry), sent each step's outcome; the inboxes only carry the steps
-out, one blocking, one awaiting (the way a sans-I/O protocol is shared by its callers).
+transaction, wait before a retry as :func:`inbox.core._retry.rerun` decides), sent each
+step's outcome; the inboxes only carry the steps out, one blocking, one awaiting (the way a
+sans-I/O protocol is shared by its callers).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import TypeAlias
 
 from inbox._oneline import describe_error
 from inbox.core._handlers import RegisteredHandler
-from inbox.core._retry import Backoff, log_retry
+from inbox.core._retry import Backoff, rerun
 from inbox.core._routing import Planned, describe
+from inbox.core._steps import Failed, Pause
 from inbox.errors import SETUP_ERRORS, HandlerFailed
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
@@ -39,22 +41,6 @@ class Run:
     message: Message
 
 
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Step: wait ``seconds`` before the next attempt; send back None."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """What a step that raised sends back: the error, raised no further by the caller (so
-    that nothing the caller does next chains to it). An exit exception (``KeyboardInterrupt``,
-    a cancellation) is raised again by :func:`settle`, where the handler's span sees it."""
-
-    error: BaseException
-
-
 Steps: TypeAlias = Generator[Run | Pause, "Outcome | Failed | None", ProcessResult]
 
 
@@ -68,23 +54,18 @@ def settle(planned: Planned, backoff: Backoff) -> Steps:
     for handler, key in zip(planned.handlers, planned.keys, strict=True):
         running = _UNWATCHED if watch is None else watch.running(handler.name)
         with running:
-            reruns = 0
-            while True:
-                done = yield Run(handler, key, message)
-                if not isinstance(done, Failed):
-                    settlement.done(handler.name, done)  # type: ignore[arg-type]
-                    break
-                error = done.error
-                if isinstance(error, SETUP_ERRORS) or not isinstance(error, Exception):
-                    raise error
-                delay = backoff.delay_after(error, reruns)
-                if delay is None:
-                    settlement.failed(handler.name, error)
-                    break
-                reruns += 1
+            run = Run(handler, key, message)
+            done = yield run
+            if done.__class__ is Failed and not isinstance(done.error, SETUP_ERRORS):
                 what = functools.partial(describe, handler, message)
-                log_retry(what, error, reruns, backoff, delay)
-                yield Pause(delay)
+                done = yield from rerun(run, done, backoff, what)
+            if done.__class__ is not Failed:
+                settlement.done(handler.name, done)  # type: ignore[arg-type]
+                continue
+            error = done.error
+            if isinstance(error, SETUP_ERRORS) or not isinstance(error, Exception):
+                raise error
+            settlement.failed(handler.name, error)
     return settlement.result()
 
 

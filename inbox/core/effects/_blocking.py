@@ -13,18 +13,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine
 
 from inbox.core._backends import check_supported
-from inbox.core._retry import Backoff
 from inbox.core._steps import Failed
 from inbox.core.effects._identity import EffectRef
-from inbox.core.effects._ledger import Ledger
 from inbox.core.effects._pool import LedgerEngines
-from inbox.core.effects._results import KeptResults
-from inbox.core.effects._steps import Call, Write, begin_effect, effect_steps
+from inbox.core.effects._steps import Call, EffectsBase, Write
 from inbox.errors import ConfigurationError, EffectError, UnsupportedDialect
-from inbox.schema import resolve_effect_table
 
 __all__ = ["EffectCall", "Effects", "ledger_engine", "refuse_sqlite_claim_store"]
 
@@ -47,54 +43,29 @@ def refuse_sqlite_claim_store(store_url: object, claim_engine: Engine, has_own: 
         )
 
 
-class Effects:
+class Effects(EffectsBase[Engine]):
     """The effects of one blocking inbox: its ledger, its store, its retry policy."""
 
-    def __init__(
-        self,
-        owner: object,
-        store: Engine | None,
-        table: str | Table,
-        backoff: Backoff,
-        *,
-        tenants: bool = False,
-    ) -> None:
-        if store is not None:
-            if not isinstance(store, Engine):
-                raise ConfigurationError(
-                    "effect_store must be a sqlalchemy Engine (create_engine(...)), got "
-                    f"{type(store).__name__}"
-                )
-            check_supported(store.dialect)
-            if store.dialect.is_async:
-                raise ConfigurationError(
-                    "effect_store of a blocking Inbox must be a blocking Engine"
-                )
-        self._owner = owner
-        self._store = store
-        self._tenants = tenants
-        self._ledgers = LedgerEngines()
-        self._kept = KeptResults()
-        self.ledger = Ledger(resolve_effect_table(table))
-        self._backoff = backoff
+    @staticmethod
+    def _check_store(store: object) -> None:
+        if not isinstance(store, Engine):
+            raise ConfigurationError(
+                "effect_store must be a sqlalchemy Engine (create_engine(...)), got "
+                f"{type(store).__name__}"
+            )
+        check_supported(store.dialect)
+        if store.dialect.is_async:
+            raise ConfigurationError("effect_store of a blocking Inbox must be a blocking Engine")
 
     def run(self, step: object, call: EffectCall, mode: object) -> Any:
         """``Inbox.effect``: see its docstring."""
-        run, ref, checked_mode = begin_effect(
-            self._owner,
-            step,
-            call,
-            mode,
-            tenants=self._tenants,
-            shared_store=self._store is not None,
-        )
+        run, ref, steps = self._begin(step, call, mode)
         if inspect.iscoroutinefunction(call):
             raise EffectError(
                 f"effect {ref.step!r}: call is a coroutine function; the blocking Inbox cannot "
                 "await it (use inbox.aio.AsyncInbox and 'await inbox.effect(...)')"
             )
         engine = ledger_engine(self._ledgers, self._store, run.connection.engine)
-        steps = effect_steps(self.ledger, self._kept, ref, checked_mode, self._backoff)
         reply: object = None
         try:
             while True:

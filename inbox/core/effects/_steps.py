@@ -17,7 +17,9 @@ import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any, Final, NoReturn, TypeAlias
+from typing import Any, Final, Generic, NoReturn, TypeAlias, TypeVar
+
+from sqlalchemy import Table
 
 from inbox.core._retry import Backoff, rerun
 from inbox.core._run import HandlerRun, current_run
@@ -32,6 +34,7 @@ from inbox.core.effects._identity import (
     version_1_key,
 )
 from inbox.core.effects._ledger import Ledger, Stored
+from inbox.core.effects._pool import LedgerEngines
 from inbox.core.effects._results import (
     Kept,
     KeptResults,
@@ -41,12 +44,13 @@ from inbox.core.effects._results import (
 )
 from inbox.core.effects._tenant import tenant_of
 from inbox.errors import ConfigurationError, EffectError
+from inbox.schema import resolve_effect_table
 
 __all__ = [
     "Call",
     "EffectSteps",
+    "EffectsBase",
     "Write",
-    "begin_effect",
     "describe_error",
     "effect_steps",
     "now",
@@ -55,6 +59,8 @@ __all__ = [
 logger = logging.getLogger("inbox.effects")
 
 _ERROR_MAX_CHARS: Final = 500
+
+StoreT = TypeVar("StoreT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,36 +179,66 @@ def _unrecorded(
     raise result_refused(ref, error) from error
 
 
-def begin_effect(
-    owner: object, step: object, call: object, mode: object, *, tenants: bool, shared_store: bool
-) -> tuple[HandlerRun, EffectRef, EffectMode]:
-    """Check ``effect()``'s arguments and that a handler of ``owner`` runs here; name the
-    effect. Raises before anything is written.
+class EffectsBase(Generic[StoreT]):
+    """The effects of one inbox, whichever way its shell carries out their steps: its
+    ledger, its store (``None``: beside the claim's engine), its retry policy, the results
+    it keeps for a later attempt, its ledger engines."""
 
-    ``tenants``: ``owner`` takes its sessions per message (``sessions_for``), so the run's
-    tenant is part of the effect. ``shared_store``: the records of every tenant share one
-    store, where a record of an earlier version (keyed without the tenant) cannot be told
-    to be this tenant's, so it is not looked for.
-    """
-    checked_mode = parse_mode(mode)
-    checked_step = validate_step(step)
-    if not callable(call):
-        raise ConfigurationError(f"effect call must be callable, got {type(call).__name__}")
-    run = current_run(owner)
-    if run.inside(checked_step):
-        raise EffectError(
-            f"effect {checked_step!r} of handler {run.handler!r} was entered again from "
-            "inside its own call: nothing was called a second time. Use another step name "
-            "for a nested effect"
-        )
-    tenant = tenant_of(run.connection, per_message_sessions=tenants)
-    key = effect_key(run.claim_key, run.handler, checked_step, tenant)
-    legacy = None
-    shared = tenant is not None and shared_store
-    if not shared and not is_version_1(run.handler, checked_step, tenant):
-        legacy = version_1_key(run.claim_key, run.handler, checked_step)
-    ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
-    return run, ref, checked_mode
+    def __init__(
+        self,
+        owner: object,
+        store: StoreT | None,
+        table: str | Table,
+        backoff: Backoff,
+        *,
+        tenants: bool = False,
+    ) -> None:
+        if store is not None:
+            self._check_store(store)
+        self._owner = owner
+        self._store = store
+        self._tenants = tenants
+        self._ledgers = LedgerEngines()
+        self._kept = KeptResults()
+        self._proxies: dict[int, Any] = {}  # what a shell keeps per ledger engine
+        self.ledger = Ledger(resolve_effect_table(table))
+        self._backoff = backoff
+
+    @staticmethod
+    def _check_store(store: object) -> None:
+        """Refuse a store this inbox cannot write with."""
+        raise NotImplementedError
+
+    def _begin(
+        self, step: object, call: object, mode: object
+    ) -> tuple[HandlerRun, EffectRef, EffectSteps]:
+        """Check ``effect()``'s arguments and that a handler of the inbox runs here; name
+        the effect; its steps. Raises before anything is written.
+
+        With sessions per message (``sessions_for``) the run's tenant is part of the
+        effect. With a store of its own, the records of every tenant share it, where a
+        record of an earlier version (keyed without the tenant) cannot be told to be this
+        tenant's, so it is not looked for.
+        """
+        checked_mode = parse_mode(mode)
+        checked_step = validate_step(step)
+        if not callable(call):
+            raise ConfigurationError(f"effect call must be callable, got {type(call).__name__}")
+        run = current_run(self._owner)
+        if run.inside(checked_step):
+            raise EffectError(
+                f"effect {checked_step!r} of handler {run.handler!r} was entered again from "
+                "inside its own call: nothing was called a second time. Use another step name "
+                "for a nested effect"
+            )
+        tenant = tenant_of(run.connection, per_message_sessions=self._tenants)
+        key = effect_key(run.claim_key, run.handler, checked_step, tenant)
+        legacy = None
+        shared = tenant is not None and self._store is not None
+        if not shared and not is_version_1(run.handler, checked_step, tenant):
+            legacy = version_1_key(run.claim_key, run.handler, checked_step)
+        ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
+        return run, ref, effect_steps(self.ledger, self._kept, ref, checked_mode, self._backoff)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -286,26 +286,26 @@ class Seen:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def acking(self) -> None:
-        self.calls.append("ack")
+    def acking(self, queue: str, inbound: Inbound) -> None:
+        self.calls.append(f"ack {queue}")
 
-    def halting(self, halt: Halt) -> None:
-        self.calls.append("halt")
+    def halting(self, queue: str, inbound: Inbound, halt: Halt) -> None:
+        self.calls.append(f"halt {queue}")
 
-    def retrying(self, retry: Retry) -> None:
-        self.calls.append(f"retry {retry.tries}")
+    def retrying(self, queue: str, inbound: Inbound, retry: Retry) -> None:
+        self.calls.append(f"retry {queue} {retry.tries}")
 
-    def dead_lettering(self, dead: DeadLetter) -> None:
-        self.calls.append(f"dead {dead.reason}")
+    def dead_lettering(self, queue: str, inbound: Inbound, dead: DeadLetter) -> None:
+        self.calls.append(f"dead {queue} {dead.reason}")
 
 
 @pytest.mark.parametrize(
     ("decision", "seen"),
     [
-        (Ack(), "ack"),
-        (Halt(ConfigurationError("x")), "halt"),
-        (retry(), "retry 1"),
-        (dead(), "dead handler-failed"),
+        (Ack(), "ack orders"),
+        (Halt(ConfigurationError("x")), "halt orders"),
+        (retry(), "retry orders 1"),
+        (dead(), "dead orders handler-failed"),
     ],
 )
 def test_the_observer_hears_each_decision_once(decision: Decision, seen: str) -> None:

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any, Protocol, TypeAlias
 
 from inbox.delivery._inbound import Inbound
-from inbox.delivery._policy import Ack, DeadLetter, Decision, Halt, Retry
+from inbox.delivery._policy import ACK, Ack, DeadLetter, Decision, Halt, Retry
 from inbox.delivery._settling import Settling
 from inbox.errors import CopyRefused
 from inbox.message import Message
@@ -120,18 +120,19 @@ class Routes(Protocol):
 
 
 class Observer(Protocol):
-    """Told of the decision being carried out (telemetry); each method is one branch."""
+    """Told of the decision being carried out for the delivery read as ``inbound`` from
+    ``queue`` (telemetry); each method is one branch of the plan."""
 
-    def acking(self) -> None:
+    def acking(self, queue: str, inbound: Inbound) -> None:
         """The delivery is to be acked."""
 
-    def halting(self, halt: Halt) -> None:
+    def halting(self, queue: str, inbound: Inbound, halt: Halt) -> None:
         """A configuration error stops the edge."""
 
-    def retrying(self, retry: Retry) -> None:
+    def retrying(self, queue: str, inbound: Inbound, retry: Retry) -> None:
         """A failed try goes to be retried."""
 
-    def dead_lettering(self, dead: DeadLetter) -> None:
+    def dead_lettering(self, queue: str, inbound: Inbound, dead: DeadLetter) -> None:
         """The delivery goes to the dead letters."""
 
 
@@ -148,7 +149,7 @@ def plan(
     once processed, as ``message``), counted and logged through ``settling``."""
     if isinstance(decision, Ack):
         if observer is not None:
-            observer.acking()
+            observer.acking(routes.queue, inbound)
         # Ack only now: every handler's claim and effects are committed (or were by an
         # earlier delivery). A crash before the ack means a redelivery, which the inbox
         # skips as a duplicate; acking earlier could lose the message.
@@ -157,59 +158,15 @@ def plan(
         return
     if isinstance(decision, Halt):
         if observer is not None:
-            observer.halting(decision)
+            observer.halting(routes.queue, inbound, decision)
         settling.halt(decision)
         yield from giving_back(settling)
         yield Stop(decision.error)
         return
-    if isinstance(decision, Retry):
-        if observer is not None:
-            observer.retrying(decision)
-        added = settling.retry(
-            decision,
-            message_id=message.id if message is not None else inbound.raw_id,
-            message_type=message.type if message is not None else inbound.message_type,
-            queue=routes.queue,
-            headers=inbound.headers,
-        )
-        target, hold = routes.retry_route(decision.delay_ms)
-        stopping = False
-        if hold:
-            stopping = (yield Hold(hold)) is CopyResult.STOPPING
-        delay = 0 if hold else decision.delay_ms
-        yield from _copy(
-            settling, routes, inbound, target, added, delay_ms=delay, stopping=stopping
-        )
-        return
-    if observer is not None:
-        observer.dead_lettering(decision)
-    added = settling.dead_letter(
-        decision,
-        message_id=inbound.raw_id,
-        message_type=inbound.message_type,
-        queue=routes.queue,
-        dead_letters=routes.dead_letters,
-        headers=inbound.headers,
-    )
-    yield from _copy(
-        settling, routes, inbound, routes.dead_letters, added, delay_ms=0, stopping=False
-    )
-
-
-def _copy(
-    settling: Settling,
-    routes: Routes,
-    inbound: Inbound,
-    target: str,
-    added: dict[str, Any],
-    *,
-    delay_ms: int,
-    stopping: bool,
-) -> Plan:
-    """The confirmed copy, then the ack; a refused copy is tried again after a hold (or,
-    ``stopping``, the delivery is given back); one too large goes to the dead letters
-    trimmed."""
-    copy = Copy(target, {**inbound.headers, **added}, delay_ms)
+    copy, added, hold = _first_copy(decision, settling, routes, inbound, message, observer)
+    stopping = hold is not None and (yield hold) is CopyResult.STOPPING
+    # The confirmed copy, then the ack. The loop is written here, not in a sub-generator:
+    # each resume through a `yield from` is one more call per delivery.
     refusals = 0
     while True:
         done = yield copy
@@ -232,14 +189,51 @@ def _copy(
             return
         if not isinstance(done, CopyRefused):
             raise TypeError(f"a copy is answered with a CopyResult or CopyRefused, got {done!r}")
-        if stopping:
+        if stopping:  # the edge stops: no more waiting
             yield from giving_back(settling)
             return
         wait = settling.refused(inbound.raw_id, copy.target, done, refusals)
         refusals += 1
         stopping = (yield Hold(wait)) is CopyResult.STOPPING
-    if (yield Ack()):
+    if (yield ACK):
         settling.acked()
+
+
+def _first_copy(  # noqa: PLR0917 (one call on the copy path: positional is cheapest)
+    decision: Retry | DeadLetter,
+    settling: Settling,
+    routes: Routes,
+    inbound: Inbound,
+    message: Message | None,
+    observer: Observer | None,
+) -> tuple[Copy, dict[str, Any], Hold | None]:
+    """The copy a retry or a dead letter makes (counted and logged), the headers the inbox
+    added to it, and the hold before it (a retry the edge delays itself)."""
+    if isinstance(decision, Retry):
+        if observer is not None:
+            observer.retrying(routes.queue, inbound, decision)
+        added = settling.retry(
+            decision,
+            message_id=message.id if message is not None else inbound.raw_id,
+            message_type=message.type if message is not None else inbound.message_type,
+            queue=routes.queue,
+            headers=inbound.headers,
+        )
+        target, hold = routes.retry_route(decision.delay_ms)
+        if hold:
+            return Copy(target, {**inbound.headers, **added}), added, Hold(hold)
+        return Copy(target, {**inbound.headers, **added}, decision.delay_ms), added, None
+    if observer is not None:
+        observer.dead_lettering(routes.queue, inbound, decision)
+    added = settling.dead_letter(
+        decision,
+        message_id=inbound.raw_id,
+        message_type=inbound.message_type,
+        queue=routes.queue,
+        dead_letters=routes.dead_letters,
+        headers=inbound.headers,
+    )
+    return Copy(routes.dead_letters, {**inbound.headers, **added}), added, None
 
 
 def giving_back(settling: Settling) -> Plan:

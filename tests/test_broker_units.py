@@ -30,6 +30,7 @@ from inbox._amqp.frames import tolerant_frame_handler
 from inbox.broker import QueueTopology, QueueType, RetryPolicy
 from inbox.broker._declare import kombu_queue
 from inbox.broker._forwarder import Forwarder
+from inbox.broker._transport import AckBatch, KombuTransport
 from inbox.delivery import headers as h
 from inbox.delivery._inbound import (
     DEFERRED_COMPRESSION,
@@ -37,9 +38,11 @@ from inbox.delivery._inbound import (
     RAW_PROPERTIES,
     UNREADABLE,
     decompress,
+    inbound_of,
     read_delivery,
 )
-from inbox.delivery._policy import DeadLetter
+from inbox.delivery._plan import plan
+from inbox.delivery._policy import DeadLetter, DeadLetterReason, Decision, Retry
 from inbox.delivery._settling import Settling
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.codec import UndecodableBody, decode_body
@@ -299,10 +302,23 @@ class FakeDelivery:
 def forwarder(script: list[list[tuple[Any, ...]]]) -> tuple[Forwarder, ScriptedConnection]:
     channel = ScriptedChannel()
     connection = ScriptedConnection(channel, script)
-    settling = Settling(WorkerStats(), RetryPolicy(), logging.getLogger("test"))
-    sent = Forwarder(settling, confirms=True, confirm_timeout=0.5)
+    sent = Forwarder(confirms=True, confirm_timeout=0.5)
     sent.attach(connection, channel)
     return sent, connection
+
+
+def forward(sent: Forwarder, delivery: FakeDelivery, target: str) -> None:
+    """``delivery`` copied to ``target`` (``q.dlq``, or a retry queue of ``q``) and then
+    acked, as the worker carries out a dead letter or a retry; a refused copy is held."""
+    settling = Settling(WorkerStats(), RetryPolicy(), logging.getLogger("test"))
+    topology = QueueTopology("q", QueueType.CLASSIC, RetryPolicy())
+    transport = KombuTransport(topology, sent, AckBatch(), native_delays=True, on_halt=lambda: None)
+    decision: Decision = DeadLetter(DeadLetterReason.HANDLER_FAILED, "no", 5)
+    if target != topology.dead_letter_queue:
+        delay_ms = int(target.removeprefix("q.retry.").removesuffix("ms"))
+        decision = Retry(1, delay_ms, "no")
+    inbound = inbound_of(delivery)  # type: ignore[arg-type]
+    sent.run(transport, delivery, plan(decision, settling, transport, inbound))  # type: ignore[arg-type]
 
 
 def test_a_confirm_for_another_publish_is_never_credited_to_the_one_waiting() -> None:
@@ -310,7 +326,7 @@ def test_a_confirm_for_another_publish_is_never_credited_to_the_one_waiting() ->
     # kept unacked and held; acking the original would lose the message.
     sent, _ = forwarder([[("basic_ack", 7, False), ("basic_nack", 1, False)]])
     delivery = FakeDelivery("m1")
-    sent.forward(delivery, "q.retry.1000ms", "q.dlq", {})  # type: ignore[arg-type]
+    forward(sent, delivery, "q.retry.1000ms")
     assert delivery.acked == 0
     assert sent.holding == 1
 
@@ -318,8 +334,8 @@ def test_a_confirm_for_another_publish_is_never_credited_to_the_one_waiting() ->
 def test_each_copy_is_acked_only_on_its_own_confirm_multiple_acks_included() -> None:
     sent, _ = forwarder([[("basic_ack", 1, False)], [("basic_ack", 2, True)]])
     first, second = FakeDelivery("m1"), FakeDelivery("m2")
-    sent.forward(first, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
-    sent.forward(second, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    forward(sent, first, "q.dlq")
+    forward(sent, second, "q.dlq")
     assert (first.acked, second.acked, sent.holding) == (1, 1, 0)
 
 
@@ -327,7 +343,7 @@ def test_a_returned_copy_is_refused_even_though_the_broker_acks_it() -> None:
     no_queue = Exception("NO_ROUTE")
     sent, _ = forwarder([[("basic_return", no_queue, "", "q.dlq", None), ("basic_ack", 1, False)]])
     delivery = FakeDelivery("m1")
-    sent.forward(delivery, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+    forward(sent, delivery, "q.dlq")
     assert (delivery.acked, sent.holding) == (0, 1)
 
 
@@ -336,11 +352,11 @@ def test_a_copy_published_while_another_waits_for_its_confirm_is_refused_loudly(
     inner = FakeDelivery("m2")
 
     def reentrant() -> None:
-        sent.forward(inner, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+        forward(sent, inner, "q.dlq")
 
     connection.during_wait = reentrant
     with pytest.raises(RuntimeError, match="while another waited for its confirm"):
-        sent.forward(FakeDelivery("m1"), "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+        forward(sent, FakeDelivery("m1"), "q.dlq")
     assert inner.acked == 0
 
 
@@ -349,7 +365,7 @@ def test_a_confirm_that_never_comes_ends_the_wait_instead_of_wedging_the_worker(
     delivery = FakeDelivery("m1")
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="no publisher confirm"):
-        sent.forward(delivery, "q.dlq", "q.dlq", {})  # type: ignore[arg-type]
+        forward(sent, delivery, "q.dlq")
     assert time.monotonic() - started < 5
     assert delivery.acked == 0
 

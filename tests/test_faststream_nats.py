@@ -172,17 +172,17 @@ def test_a_delivery_whose_ack_is_lost_comes_back_after_ack_wait_as_a_duplicate(
             subscription = subscribe_nats_stream(
                 broker, inbox, subject, stream=stream, durable="inbox", ack_wait=1.0
             )
-            edge = subscription.edge
-            settle = edge._answer_broker
+            transport = subscription.edge.transport
+            ack = transport.ack
             dropped: list[object] = []
 
-            async def lose_the_first_ack(msg: Any, *, ack: bool) -> bool:
-                if ack and not dropped:
+            async def lose_the_first_ack(msg: Any) -> bool:
+                if not dropped:
                     dropped.append(msg)
                     return True  # as if the process died after the commit, before the ack
-                return await settle(msg, ack=ack)
+                return await ack(msg)
 
-            edge._answer_broker = lose_the_first_ack  # type: ignore[method-assign]
+            transport.ack = lose_the_first_ack  # type: ignore[method-assign]
             async with broker:
                 await broker.start()
                 headers = {"message_id": _id("once"), "type": "op"}

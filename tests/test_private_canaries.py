@@ -434,8 +434,9 @@ def test_faststream_names_the_rabbit_edge_imports_exist() -> None:
 
 
 def test_test_rabbit_broker_hands_subscribers_a_patched_message() -> None:
-    # The edge tells TestRabbitBroker's deliveries apart by this class (no frames, no TTL
-    # queues, copies run the target's subscriber).
+    # subscribe_rabbit settles the deliveries whose raw_message is exactly this class on
+    # TestRabbitTransport (no frames, no TTL queues, copies run the target's subscriber):
+    # InboxEdge looks the class up in its stand-in transports.
     from aio_pika import IncomingMessage
     from faststream.rabbit import RabbitBroker
     from faststream.rabbit.testing import PatchedMessage, TestRabbitBroker
@@ -457,7 +458,7 @@ def test_test_rabbit_broker_hands_subscribers_a_patched_message() -> None:
 
     asyncio.run(main())
     assert len(raw) == 1
-    assert isinstance(raw[0], PatchedMessage)
+    assert type(raw[0]) is PatchedMessage
 
 
 def test_pamqp_content_header_marshal_is_the_header_frame_payload() -> None:

@@ -57,6 +57,8 @@ class AckTracker:
         a gap; records them as settled (or the channel as having a gap)."""
         if not deliveries:
             return False
+        if len(deliveries) == 1:  # one delivery at a time: no sort, no generator
+            return self._tag_one(deliveries[0])
         channel = deliveries[0].channel
         if channel is not self._channel:
             self._channel, self._through = channel, 0
@@ -69,6 +71,18 @@ class AckTracker:
             self._through = -1
             return False
         self._through = tags[-1]
+        return True
+
+    def _tag_one(self, delivery: Delivery) -> bool:
+        """:meth:`_tags` of one delivery."""
+        channel = delivery.channel
+        if channel is not self._channel:
+            self._channel, self._through = channel, 0
+        tag = delivery.delivery_tag
+        if self._through < 0 or tag != self._through + 1 or not isinstance(tag, int):
+            self._through = -1
+            return False
+        self._through = tag
         return True
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import heapq
 import itertools
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,13 +25,12 @@ from typing import Any, Final
 from kombu.message import Message as Delivery
 
 from inbox._amqp.confirms import PERSISTENT, ConfirmTracker, fits_in_frame
-from inbox.delivery._inbound import RAW_PROPERTIES, UNREADABLE, body_bytes, sent_headers
-from inbox.delivery._settling import Settling
+from inbox.delivery._inbound import RAW_PROPERTIES, UNREADABLE, body_bytes
+from inbox.delivery._plan import CopyResult, Plan
+from inbox.delivery.transport import Transport, carry_out
 from inbox.errors import CopyRefused
 
 __all__ = ["Forwarder"]
-
-logger = logging.getLogger("inbox.worker")
 
 # Properties a copy carries over. user_id would be refused by RabbitMQ when the worker's user
 # differs from the producer's; expiration must not follow a message into the dead letters.
@@ -50,23 +48,23 @@ _KEPT_PROPERTIES: Final = (
 class _Held:
     due: float
     sequence: int
+    transport: Transport[Delivery] = field(compare=False)
     delivery: Delivery = field(compare=False)
-    target: str = field(compare=False)
-    dead_letters: str = field(compare=False)
-    headers: dict[str, Any] = field(compare=False)
-    refusals: int = field(default=0, compare=False)
+    steps: Plan = field(compare=False)
 
 
 class Forwarder:
-    """Publishes copies on one channel, acks originals, holds what waits or was refused.
+    """Publishes copies on one channel, and holds what waits (a retry's delay where the
+    transport has no TTL queues, a copy the broker refused) without blocking the consumer.
 
-    ``confirms`` is True on RabbitMQ: every copy is published ``mandatory`` and waits for its
-    own confirm (at most ``confirm_timeout`` seconds). Other transports take copies as sent.
+    It carries a delivery's plan out (:func:`inbox.delivery.transport.carry_out`); at a hold
+    the plan is parked on a heap and resumed when due (:meth:`release_due`), so the worker
+    keeps consuming meanwhile. ``confirms`` is True on RabbitMQ: every copy is published
+    ``mandatory`` and waits for its own confirm (at most ``confirm_timeout`` seconds).
+    Other transports take copies as sent.
     """
 
-    def __init__(self, settling: Settling, *, confirms: bool, confirm_timeout: float = 30.0):
-        self._settling = settling
-        self.stats = settling.stats
+    def __init__(self, *, confirms: bool, confirm_timeout: float = 30.0):
         self.confirms = confirms
         self.confirm_timeout = confirm_timeout
         self._connection: Any = None
@@ -74,6 +72,7 @@ class Forwarder:
         self._held: list[_Held] = []
         self._sequence = itertools.count()
         self._tracker = ConfirmTracker()
+        self._measured: tuple[Delivery, Mapping[str, Any], Any] | None = None
 
     @property
     def holding(self) -> int:
@@ -92,87 +91,53 @@ class Forwarder:
         self._connection = self._channel = None
         self._held.clear()
 
-    def forward(
-        self, delivery: Delivery, target: str, dead_letters: str, headers: Mapping[str, Any]
-    ) -> None:
-        """Copy ``delivery`` with ``headers`` added to ``target``, then ack it; a refused copy
-        is held and tried again later. A copy too large for the broker's frame goes to
-        ``dead_letters`` instead, its own headers trimmed."""
-        self._forward(delivery, target, dead_letters, dict(headers), 0)
+    def run(self, transport: Transport[Delivery], delivery: Delivery, steps: Plan) -> None:
+        """Carry ``steps`` out for ``delivery`` on ``transport``; at a hold, park them."""
+        hold = carry_out(transport, delivery, steps)
+        if hold is not None:
+            self.park(transport, delivery, steps, hold.seconds)
 
-    def hold(
-        self,
-        delivery: Delivery,
-        target: str,
-        dead_letters: str,
-        headers: Mapping[str, Any],
-        seconds: float,
-        *,
-        refusals: int = 0,
+    def park(
+        self, transport: Transport[Delivery], delivery: Delivery, steps: Plan, seconds: float
     ) -> None:
-        """Keep ``delivery`` unacked and forward it after ``seconds``."""
+        """Hold ``delivery`` unsettled and resume ``steps`` in ``seconds``."""
         due = time.monotonic() + seconds
-        item = _Held(
-            due, next(self._sequence), delivery, target, dead_letters, dict(headers), refusals
-        )
-        heapq.heappush(self._held, item)
+        heapq.heappush(self._held, _Held(due, next(self._sequence), transport, delivery, steps))
 
     def release_due(self) -> None:
-        """Forward every held delivery whose time has come."""
+        """Resume every held plan whose time has come."""
         now = time.monotonic()
         while self._held and self._held[0].due <= now:
             item = heapq.heappop(self._held)
-            self._forward(
-                item.delivery, item.target, item.dead_letters, item.headers, item.refusals
-            )
+            self.run(item.transport, item.delivery, item.steps)
 
     def flush(self) -> None:
-        """On a clean stop: forward every held delivery now, or give it back to the broker."""
+        """On a clean stop: try every held copy now, once; a refused one is given back."""
         held, self._held = self._held, []
         for item in held:
-            try:
-                self._send(item.delivery, item.target, item.dead_letters, item.headers)
-            except CopyRefused:
-                item.delivery.requeue()
-                self.stats.requeued += 1
-            else:
-                self._ack(item.delivery)
+            carry_out(item.transport, item.delivery, item.steps, CopyResult.STOPPING)
 
-    def _forward(
-        self,
-        delivery: Delivery,
-        target: str,
-        dead_letters: str,
-        headers: dict[str, Any],
-        refusals: int,
+    def fits(self, delivery: Delivery, headers: Mapping[str, Any]) -> bool:
+        """Whether the copy of ``delivery`` with ``headers`` fits in one frame (RabbitMQ;
+        elsewhere there is no frame to measure). The copy prepared is kept for
+        :meth:`send`."""
+        if not self.confirms:
+            return True
+        prepared = self._prepare(delivery, headers)
+        self._measured = (delivery, headers, prepared)
+        return fits_in_frame(self._connection, prepared)
+
+    def send(
+        self, delivery: Delivery, target: str, headers: Mapping[str, Any], *, delay_ms: int = 0
     ) -> None:
-        try:
-            self._send(delivery, target, dead_letters, headers)
-        except CopyRefused as refused:
-            message_id = (delivery.properties or {}).get("message_id")
-            wait = self._settling.refused(message_id, target, refused, refusals)
-            self.hold(delivery, target, dead_letters, headers, wait, refusals=refusals + 1)
-            return
-        self._ack(delivery)
-
-    def _ack(self, delivery: Delivery) -> None:
-        delivery.ack()
-        self._settling.acked()
-
-    def _send(
-        self, delivery: Delivery, target: str, dead_letters: str, extra: dict[str, Any]
-    ) -> None:
-        prepared = self._prepare(delivery, extra, trimmed=False)
-        if self.confirms and not self._fits(prepared):
-            trimmed = self._settling.too_large(
-                message_id=(delivery.properties or {}).get("message_id"),
-                target=target,
-                dead_letters=dead_letters,
-                own=sent_headers(delivery),
-                added=extra,
-            )
-            prepared = self._prepare(delivery, trimmed, trimmed=True)
-            target = dead_letters
+        """Publish the copy of ``delivery`` with ``headers`` to ``target`` and wait for its
+        confirm; raise :class:`CopyRefused` when the broker did not take it. (``delay_ms``
+        is the transport protocol's: a retry's delay here is its queue's TTL.)"""
+        measured, self._measured = self._measured, None
+        if measured is not None and measured[0] is delivery and measured[1] is headers:
+            prepared = measured[2]
+        else:
+            prepared = self._prepare(delivery, headers)
         if not self.confirms:
             self._channel.basic_publish(prepared, exchange="", routing_key=target)
             return
@@ -190,29 +155,22 @@ class Forwarder:
         if refused is not None:
             raise CopyRefused(refused)
 
-    def _prepare(self, delivery: Delivery, extra: Mapping[str, Any], *, trimmed: bool) -> Any:
+    def _prepare(self, delivery: Delivery, headers: Mapping[str, Any]) -> Any:
         properties = delivery.properties or {}
         kept = {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}
         kept["delivery_mode"] = PERSISTENT
-        if trimmed:
-            headers = dict(extra)
-        elif self.confirms:
-            headers = sent_headers(delivery) | dict(extra)  # the body goes out as it came
+        if self.confirms:
+            sent = dict(headers)  # the body goes out as it came
         else:
             # kombu decompressed the body on receipt: the copy goes out uncompressed.
-            headers = {k: v for k, v in sent_headers(delivery).items() if k != "compression"}
-            headers |= dict(extra)
+            sent = {k: v for k, v in headers.items() if k != "compression"}
         if UNREADABLE in properties:
-            raw = base64.b64encode(properties[RAW_PROPERTIES]).decode("ascii")
-            headers[RAW_PROPERTIES] = raw
+            sent[RAW_PROPERTIES] = base64.b64encode(properties[RAW_PROPERTIES]).decode("ascii")
         return self._channel.prepare_message(
             body_bytes(delivery),
             properties.get("priority"),
             delivery.content_type,
             delivery.content_encoding,
-            headers,
+            sent,
             kept,
         )
-
-    def _fits(self, prepared: Any) -> bool:
-        return fits_in_frame(self._connection, prepared)

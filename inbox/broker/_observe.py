@@ -1,6 +1,7 @@
 """What the worker records through :mod:`inbox.telemetry`: a consumer span per delivery (or
 per batch, linked to each delivery's producer), continuing the producer's ``traceparent``;
-the decisions (retries and dead letters counted, by reason); and a producer span per
+the decisions as the plan carries them out (:class:`DecisionEvents`: retries and dead
+letters counted, by reason); and a producer span per
 publish, whose context goes out in the message's headers.
 
 Every function is a no-op without OpenTelemetry or before an SDK is configured (a check, a
@@ -16,12 +17,13 @@ from typing import Any, Final
 
 from kombu.message import Message as Delivery
 
-from inbox.delivery._policy import Ack, Decision, Halt, Retry
+from inbox.delivery._inbound import Inbound
+from inbox.delivery._policy import DeadLetter, Halt, Retry
 from inbox.telemetry import _names as n
 from inbox.telemetry._api import Instruments, configured, tracing
 from inbox.telemetry._context import extract_context, inject_context
 
-__all__ = ["observe_decision", "traced_batch", "traced_delivery", "traced_publish"]
+__all__ = ["DecisionEvents", "observing", "traced_batch", "traced_delivery", "traced_publish"]
 
 _NULL: Final[AbstractContextManager[None]] = nullcontext()
 PROCESS: Final = "process"
@@ -105,42 +107,65 @@ def _delivery_attributes(delivery: Delivery) -> dict[str, Any]:
     return attributes
 
 
-def observe_decision(queue: str, delivery: Delivery, decision: Decision) -> None:
-    """Count a retry or a dead letter (once per failed handler, or once with no handler
-    when none ran) and add the decision to the current span as an event."""
+def observing() -> DecisionEvents | None:
+    """What records the decisions the plans carry out (each plan calls the branch it
+    takes), or None without telemetry. Asked once per delivery or batch."""
     ins = configured()
     if ins is None:
-        return
+        return None
+    return DecisionEvents(ins)
+
+
+class DecisionEvents:
+    """An :class:`~inbox.delivery._plan.Observer`: a retry or a dead letter counted (once
+    per failed handler, or once with no handler when none ran), and every decision added to
+    the current span as an ``inbox.decision`` event."""
+
+    def __init__(self, ins: Instruments) -> None:
+        self._ins = ins
+
+    def acking(self, queue: str, inbound: Inbound) -> None:
+        """The delivery is acked."""
+        _add(_event(inbound, "ack"))
+
+    def halting(self, queue: str, inbound: Inbound, halt: Halt) -> None:
+        """A configuration error stops the worker."""
+        _add(_event(inbound, "halt") | {n.ERROR_TYPE: type(halt.error).__name__})
+
+    def retrying(self, queue: str, inbound: Inbound, retry: Retry) -> None:
+        """A failed try goes to be retried."""
+        for attributes in _per_handler(queue, inbound, retry.failed_handlers):
+            self._ins.retries.add(1, attributes)
+        _add(_event(inbound, "retry") | {n.TRIES: retry.tries})
+
+    def dead_lettering(self, queue: str, inbound: Inbound, dead: DeadLetter) -> None:
+        """The delivery goes to the dead letters."""
+        from opentelemetry import trace
+
+        reason = str(dead.reason)
+        event = _event(inbound, "dead-letter") | {n.REASON: reason}
+        if dead.tries is not None:
+            event[n.TRIES] = dead.tries
+        for attributes in _per_handler(queue, inbound, dead.failed_handlers):
+            self._ins.dead_letters.add(1, {**attributes, n.REASON: reason})
+        trace.get_current_span().set_status(trace.StatusCode.ERROR, reason)
+        _add(event)
+
+
+def _event(inbound: Inbound, decision: str) -> dict[str, Any]:
+    return {n.MESSAGE_ID: str(inbound.raw_id), n.DECISION: decision}
+
+
+def _add(event: dict[str, Any]) -> None:
     from opentelemetry import trace
 
-    properties: Mapping[str, Any] = delivery.properties or {}
-    event: dict[str, Any] = {n.MESSAGE_ID: str(properties.get("message_id"))}
-    span = trace.get_current_span()
-    if isinstance(decision, Ack):
-        event[n.DECISION] = "ack"
-    elif isinstance(decision, Halt):
-        event[n.DECISION] = "halt"
-        event[n.ERROR_TYPE] = type(decision.error).__name__
-    elif isinstance(decision, Retry):
-        event |= {n.DECISION: "retry", n.TRIES: decision.tries}
-        for attributes in _per_handler(queue, properties, decision.failed_handlers):
-            ins.retries.add(1, attributes)
-    else:
-        event |= {n.DECISION: "dead-letter", n.REASON: str(decision.reason)}
-        if decision.tries is not None:
-            event[n.TRIES] = decision.tries
-        for attributes in _per_handler(queue, properties, decision.failed_handlers):
-            ins.dead_letters.add(1, {**attributes, n.REASON: str(decision.reason)})
-        span.set_status(trace.StatusCode.ERROR, str(decision.reason))
-    span.add_event("inbox.decision", event)
+    trace.get_current_span().add_event("inbox.decision", event)
 
 
-def _per_handler(
-    queue: str, properties: Mapping[str, Any], handlers: Sequence[str]
-) -> Iterator[dict[str, str]]:
+def _per_handler(queue: str, inbound: Inbound, handlers: Sequence[str]) -> Iterator[dict[str, str]]:
     # The type only once handlers took the message: before that it is whatever a producer
     # wrote, and every distinct value would be a new time series.
-    type_ = properties.get("type")
+    type_ = inbound.message_type
     message_type = type_ if handlers and isinstance(type_, str) else ""
     for handler in handlers or ("",):
         yield {n.DESTINATION: queue, n.MESSAGE_TYPE: message_type, n.HANDLER: handler}

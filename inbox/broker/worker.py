@@ -72,7 +72,7 @@ class Worker(ConsumerMixin):
         self.stats = WorkerStats()
         self._stats_interval = stats_interval
         settling = Settling(self.stats, policy, logger)
-        self._forwarder = Forwarder(settling, confirms=self.native_delays)
+        self._forwarder = Forwarder(confirms=self.native_delays)
         self._dispatch = Dispatcher(
             inbox,
             settling,
@@ -286,8 +286,8 @@ class Worker(ConsumerMixin):
 
     def _finish_in_hand(self) -> None:
         if self._dispatch.halted_by is not None or self._giving_back():
-            for _, delivery, _ in [*self._batch, *self._inbound]:
-                self._dispatch.give_back(delivery)
+            for topology, delivery, _ in [*self._batch, *self._inbound]:
+                self._dispatch.give_back(topology, delivery)
             self._batch.clear()
             self._inbound.clear()
             return

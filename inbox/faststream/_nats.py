@@ -3,8 +3,8 @@ for a failed try (a NAK with the retry's delay), dead letters to a stream of the
 
 JetStream counts the deliveries of each message itself, so the tries are not carried in a
 header: a delivery's ``num_delivered`` minus one is the number of tries before it, and a
-failed try is given back with ``NAK {delay}`` (the :class:`~inbox.faststream._edge.Transport`'s
-"copy" to the consumed subject is that redelivery; nothing is published). The consumer's
+failed try is given back with ``NAK {delay}`` (the transport's "copy" to the consumed
+subject is that redelivery; nothing is published). The consumer's
 ``max_deliver`` bounds the deliveries that ended without any decision (a consumer that died,
 ``ack_wait`` that ran out); a message that fails ``max_tries`` times is dead-lettered by the
 edge before JetStream would give up on it. A dead letter is published to
@@ -15,7 +15,6 @@ docs/faststream.md.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,9 +28,10 @@ from nats.js.errors import Error as JetStreamError
 
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
+from inbox.delivery._inbound import Inbound
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import ConfigurationError, CopyRefused
-from inbox.faststream._edge import Inbound, InboxEdge, Transport
+from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_nats_stream"]
@@ -129,14 +129,15 @@ async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
     return msg  # the edge decodes the body itself (see _rabbit._as_is)
 
 
-class _NatsTransport(Transport):
+class _NatsTransport(FastStreamTransport):
+    """A retry is JetStream's redelivery (a NAK with the delay); a dead letter is published
+    to ``<subject>.dlq`` and acknowledged by JetStream. Both streams are declared when the
+    broker starts."""
+
     def __init__(self, broker: NatsBroker, subject: str, dead_letter_stream: str) -> None:
+        super().__init__(subject)
         self.broker = broker
-        self.queue = subject
         self.dead_letter_stream = dead_letter_stream
-        self._delays: weakref.WeakKeyDictionary[StreamMessage[Any], float] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def read(self, msg: StreamMessage[Any]) -> Inbound:
         headers: dict[str, Any] = dict(msg.headers)
@@ -149,27 +150,26 @@ class _NatsTransport(Transport):
             if isinstance(tries, str) and tries.isdigit():
                 headers[h.TRIES] = int(tries)
         return Inbound(
-            raw_id=headers.get("message_id") or headers.get("Nats-Msg-Id"),
-            message_type=headers.get("type"),
-            headers=headers,
-            data=msg.body,
-            content_type=headers.get("content-type") or None,
-            content_encoding=headers.get("content-encoding"),
+            headers.get("message_id") or headers.get("Nats-Msg-Id"),
+            headers.get("type"),
+            headers,
+            msg.body,
+            headers.get("content-type") or None,
+            headers.get("content-encoding"),
+            compression_of(headers),
         )
 
-    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
-        self._delays[msg] = delay_ms / 1000
-        return self.queue, 0.0  # JetStream holds it: the "copy" below is a NAK with delay
+    def retry_route(self, delay_ms: int) -> tuple[str, float]:
+        return self.queue, 0.0  # JetStream holds it: the "copy" is a NAK with the delay
 
-    async def prepare(self) -> None:
-        """Both streams are declared when the broker starts."""
-
-    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+    async def send(
+        self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any], delay_ms: int
+    ) -> None:
         try:
             if target == self.queue:
                 # The retry: JetStream delivers this message again after the delay and
                 # counts the delivery; the edge's ack that follows is then a no-op.
-                delay = self._delays.get(msg, 0.0)
+                delay = delay_ms / 1000
                 await (msg.nack(delay=delay) if isinstance(msg, NatsMessage) else msg.nack())
                 return
             sent = {key: str(value) for key, value in headers.items()}

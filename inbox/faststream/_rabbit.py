@@ -26,9 +26,10 @@ from faststream.rabbit.testing import PatchedMessage
 from pamqp.header import ContentHeader
 
 from inbox.aio import AsyncInbox
+from inbox.delivery._inbound import Inbound
 from inbox.delivery.topology import QueueTopology, QueueType, RetryPolicy
 from inbox.errors import CopyRefused
-from inbox.faststream._edge import Inbound, InboxEdge, Transport, logger
+from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of, logger
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_rabbit"]
@@ -64,8 +65,16 @@ def subscribe_rabbit(
     topology = QueueTopology(queue, QueueType(queue_type), retry or RetryPolicy())
     check_positive("prefetch", prefetch)
     check_positive("confirm_timeout", confirm_timeout)
-    transport = _RabbitTransport(broker, topology, confirm_timeout)
-    edge = InboxEdge(inbox, transport, topology.retry, default_content_type=default_content_type)
+    # TestRabbitBroker hands over its own class of message: its deliveries are settled on
+    # the test broker's transport (no frames, no TTL queues, no confirms).
+    stand_in = TestRabbitTransport(broker, topology, confirm_timeout)
+    edge = InboxEdge(
+        inbox,
+        _RabbitTransport(broker, topology, confirm_timeout),
+        topology.retry,
+        default_content_type=default_content_type,
+        stand_ins={PatchedMessage: stand_in},
+    )
     subscriber: RabbitSubscriber = broker.subscriber(
         _faststream_queue(topology, topology.name),
         channel=Channel(prefetch_count=prefetch),
@@ -95,27 +104,31 @@ def _faststream_queue(topology: QueueTopology, name: str) -> RabbitQueue:
     return RabbitQueue(name, durable=True, arguments=cast(Any, arguments or None))
 
 
-class _RabbitTransport(Transport):
+class _RabbitTransport(FastStreamTransport):
+    """Copies to the retry queues (RabbitMQ delays them) and the ``.dlq``, each published
+    ``mandatory`` and confirmed; a copy whose header frame would pass ``frame_max`` does
+    not fit."""
+
     def __init__(self, broker: RabbitBroker, topology: QueueTopology, timeout: float) -> None:
+        super().__init__(topology.name)
         self.broker = broker
         self.topology = topology
-        self.queue = topology.name
         self.timeout = timeout
 
     def read(self, msg: StreamMessage[Any]) -> Inbound:
         raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
+        headers = dict(raw.headers or {})
         return Inbound(
-            raw_id=raw.message_id,
-            message_type=raw.type,
-            headers=dict(raw.headers or {}),
-            data=raw.body,
-            content_type=raw.content_type,
-            content_encoding=raw.content_encoding,
+            raw.message_id,
+            raw.type,
+            headers,
+            raw.body,
+            raw.content_type,
+            raw.content_encoding,
+            compression_of(headers),
         )
 
-    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
-        if isinstance(msg.raw_message, PatchedMessage):
-            return self.queue, delay_ms / 1000
+    def retry_route(self, delay_ms: int) -> tuple[str, float]:
         return self.topology.retry_queue(delay_ms), 0.0
 
     async def prepare(self) -> None:
@@ -125,8 +138,6 @@ class _RabbitTransport(Transport):
 
     def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
         raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
-        if isinstance(raw, PatchedMessage):
-            return True  # TestRabbitBroker: no frames
         try:
             frame_max = raw.channel.connection.connection_tune.frame_max
         except Exception:  # the channel is gone: the copy is refused, and the delivery returns
@@ -149,9 +160,10 @@ class _RabbitTransport(Transport):
         header = ContentHeader(0, len(raw.body), copy.properties).marshal()
         return len(header) + _FRAME_ENVELOPE + _ADDED_BY_FASTSTREAM <= frame_max
 
-    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+    def publishing(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> Any:
+        """``broker.publish`` of the copy, its properties the delivery's, still to call."""
         raw: aio_pika.abc.AbstractIncomingMessage = msg.raw_message
-        publish = functools.partial(
+        return functools.partial(
             self.broker.publish,
             raw.body,
             queue=target,
@@ -166,17 +178,11 @@ class _RabbitTransport(Transport):
             timestamp=raw.timestamp,
             priority=raw.priority,
         )
-        if isinstance(raw, PatchedMessage):  # TestRabbitBroker: runs the target's subscriber
-            try:
-                await publish()
-            except SubscriberNotFound:
-                logger.error(
-                    "under TestRabbitBroker nothing subscribes to %r: subscribe to it in the "
-                    "test to receive the copies the edge sends there",
-                    target,
-                )
-                raise
-            return
+
+    async def send(
+        self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any], delay_ms: int
+    ) -> None:
+        publish = self.publishing(msg, target, headers)
         try:
             confirmed = await publish(mandatory=True, timeout=self.timeout)
         except DeliveryError as exc:
@@ -194,3 +200,30 @@ class _RabbitTransport(Transport):
     def settleable(self, msg: StreamMessage[Any]) -> bool:
         channel = getattr(msg.raw_message, "channel", None)
         return channel is not None and not getattr(channel, "is_closed", True)
+
+
+class TestRabbitTransport(_RabbitTransport):
+    """The transport under FastStream's ``TestRabbitBroker``: there are no TTL queues (a
+    retry goes straight back to the consumed queue after the delay, the edge holding the
+    delivery meanwhile), no frames to measure, and a copy runs the target queue's
+    subscriber in place of a confirm (a dead letter reaches a test's own subscriber on
+    ``<queue>.dlq``)."""
+
+    def retry_route(self, delay_ms: int) -> tuple[str, float]:
+        return self.queue, delay_ms / 1000
+
+    def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
+        return True
+
+    async def send(
+        self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any], delay_ms: int
+    ) -> None:
+        try:
+            await self.publishing(msg, target, headers)()
+        except SubscriberNotFound:
+            logger.error(
+                "under TestRabbitBroker nothing subscribes to %r: subscribe to it in the test "
+                "to receive the copies the edge sends there",
+                target,
+            )
+            raise

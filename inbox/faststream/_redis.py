@@ -19,9 +19,10 @@ from redis.exceptions import RedisError
 
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
+from inbox.delivery._inbound import Inbound
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import ConfigurationError, CopyRefused
-from inbox.faststream._edge import Inbound, InboxEdge, Transport
+from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_redis_stream"]
@@ -90,10 +91,13 @@ async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
     return msg  # the edge decodes the body itself (see _rabbit._as_is)
 
 
-class _RedisTransport(Transport):
+class _RedisTransport(FastStreamTransport):
+    """Dead letters XADDed to ``<stream>.dlq``; a retry held by the edge for its delay, then
+    XADDed back to the stream (Redis has neither dead-letter exchange nor delayed delivery)."""
+
     def __init__(self, broker: RedisBroker, stream: str) -> None:
+        super().__init__(stream)
         self.broker = broker
-        self.queue = stream
 
     def read(self, msg: StreamMessage[Any]) -> Inbound:
         headers = dict(msg.headers)
@@ -101,21 +105,22 @@ class _RedisTransport(Transport):
         if isinstance(tries, str) and tries.isdigit():
             headers[h.TRIES] = int(tries)  # Redis headers are strings
         return Inbound(
-            raw_id=headers.get("message_id"),
-            message_type=headers.get("type"),
-            headers=headers,
-            data=msg.body,
-            content_type=headers.get("content-type"),
-            content_encoding=headers.get("content-encoding"),
+            headers.get("message_id"),
+            headers.get("type"),
+            headers,
+            msg.body,
+            headers.get("content-type"),
+            headers.get("content-encoding"),
+            compression_of(headers),
         )
 
-    def retry_route(self, msg: StreamMessage[Any], delay_ms: int) -> tuple[str, float]:
+    def retry_route(self, delay_ms: int) -> tuple[str, float]:
         return self.queue, delay_ms / 1000
 
-    async def prepare(self) -> None:
-        """Streams come into being with their first entry."""
-
-    async def copy(self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any]) -> None:
+    async def send(
+        self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any], delay_ms: int
+    ) -> None:
+        # Streams come into being with their first entry: nothing to prepare.
         headers = {key: str(value) for key, value in headers.items()}
         correlation_id = headers.pop("correlation_id", None) or msg.correlation_id
         try:

@@ -108,9 +108,8 @@ class Dispatcher:
                     outcome: ProcessResult | BaseException = self._inbox.process(message)
                 except (KeyboardInterrupt, SystemExit):
                     raise
-                except (
-                    BaseException
-                ) as exc:  # any other escape is a failed try, never a dead worker
+                # Any other escape is a failed try, never a dead worker.
+                except BaseException as exc:
                     outcome = exc
                 self.last_activity = time.monotonic()  # busy until now, however long it took
                 headers = admitted[2].headers

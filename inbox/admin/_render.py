@@ -11,10 +11,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inbox._oneline import bounded
-from inbox.admin._claims import Found
 from inbox.admin._dead_letters import DeadLetterRecord, summary_fields
 from inbox.admin._replay import MoveReport
-from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
+from inbox.operations._claims import Found
+from inbox.operations._status import DONE_WITHOUT_RESULT, StatusReport
 
 __all__ = [
     "BodyView",

@@ -21,7 +21,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _status
 from inbox.admin._commands import Tables
 from inbox.admin._workers import read_readiness
 from inbox.console import _claim_pages, _effect_pages, _outbox_pages
@@ -47,6 +46,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _status
 
 __all__ = ["create_app"]
 

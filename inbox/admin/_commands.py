@@ -12,9 +12,9 @@ from typing import TextIO
 from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
-from inbox.admin import _dead_letters as dead_letters
 from inbox.admin import _render
 from inbox.operations import _claims, _status
+from inbox.operations import _dead_letters as dead_letters
 from inbox.retention._targets import schemas_holding
 
 __all__ = [

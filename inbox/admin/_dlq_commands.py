@@ -11,10 +11,11 @@ from typing import Final, TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox._oneline import bounded
-from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _render, _replay
+from inbox.admin import _render
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.delivery._policy import DeadLetterReason
+from inbox.operations import _dead_letters as _dlq
+from inbox.operations import _replay
 
 __all__ = ["MAX_DURATION", "dead_letter_reason", "dlq", "duration"]
 

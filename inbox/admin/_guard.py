@@ -20,8 +20,8 @@ from inbox._cli import (
     mask_urls,
     whole_number,
 )
-from inbox.admin._dead_letter_age import oldest_dead_letter
-from inbox.admin._dead_letters import open_channel
+from inbox.operations._dead_letter_age import oldest_dead_letter
+from inbox.operations._dead_letters import open_channel
 from inbox.retention.cli import cleanup_main
 
 __all__ = ["guarded_cleanup", "guarded_days"]

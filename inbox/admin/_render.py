@@ -11,9 +11,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inbox._oneline import bounded
-from inbox.admin._dead_letters import DeadLetterRecord, summary_fields
-from inbox.admin._replay import MoveReport
 from inbox.operations._claims import Found
+from inbox.operations._dead_letters import DeadLetterRecord, summary_fields
+from inbox.operations._replay import MoveReport
 from inbox.operations._status import DONE_WITHOUT_RESULT, StatusReport
 
 __all__ = [

@@ -39,10 +39,10 @@ from inbox._oneline import database_error_line
 from inbox.admin import _commands
 from inbox.admin._dlq_commands import dlq
 from inbox.admin._guard import guarded_cleanup
-from inbox.admin._migrate import migrate
 from inbox.admin._parser import usage_parser
 from inbox.errors import ConfigurationError
 from inbox.operations import _claims
+from inbox.operations._migrate import migrate
 from inbox.schema import (
     effect_table,
     outbox_table,

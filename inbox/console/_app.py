@@ -20,9 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.admin import _dead_letters as _dlq
 from inbox.admin._commands import Tables
-from inbox.admin._workers import read_readiness
 from inbox.console import _claim_pages, _effect_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
@@ -46,7 +44,9 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _status
+from inbox.operations._workers import read_readiness
 
 __all__ = ["create_app"]
 

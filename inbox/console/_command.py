@@ -13,10 +13,10 @@ from sqlalchemy import Engine
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
 from inbox.admin._commands import Streams, Tables
-from inbox.admin._workers import check_worker_url
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
 from inbox.operations._status import read_status
+from inbox.operations._workers import check_worker_url
 from inbox.retention._targets import schemas_holding
 
 __all__ = ["EXTRA_MISSING", "add_options", "run"]

@@ -1,5 +1,5 @@
 """The dead-letter pages: a queue's dead letters, one in full, and replay or purge (one, or
-a filtered set) through a dry-run preview and a confirmation, by :mod:`inbox.admin._replay`."""
+a filtered set) through a dry-run preview and a confirmation, by :mod:`inbox.operations._replay`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _render, _replay
+from inbox.admin import _render
 from inbox.admin._dlq_commands import dead_letter_reason, duration
 from inbox.console._audit import audit
 from inbox.console._web import (
@@ -30,6 +29,8 @@ from inbox.console._web import (
 )
 from inbox.delivery import headers as h
 from inbox.delivery._policy import DeadLetterReason
+from inbox.operations import _dead_letters as _dlq
+from inbox.operations import _replay
 
 __all__ = ["dead_letter", "dead_letters", "purge", "replay"]
 

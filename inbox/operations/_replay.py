@@ -1,7 +1,7 @@
 """Moving dead letters: ``replay`` copies them back to their queue, ``purge`` deletes them.
 Both read at most the messages the dead-letter queue held when they began (or ``limit``), so
 nothing they put back or that is dead-lettered meanwhile is read twice in one run; both
-leave what they do not take in its place (see :func:`inbox.admin._dead_letters.hold`).
+leave what they do not take in its place (see :func:`inbox.operations._dead_letters.hold`).
 
 A replayed copy is confirmed by the broker before its dead letter is acked: a crash loses
 nothing, and at most the one message in flight is then in both queues, whose second delivery
@@ -16,7 +16,8 @@ from typing import Any
 
 import amqp
 
-from inbox.admin._dead_letters import (
+from inbox.delivery import headers as h
+from inbox.operations._dead_letters import (
     DROPPED_PROPERTIES,
     FAILURE_HEADERS,
     REPLAYED_AT,
@@ -27,7 +28,6 @@ from inbox.admin._dead_letters import (
     hold,
     publish_confirmed,
 )
-from inbox.delivery import headers as h
 
 __all__ = ["Filters", "MoveReport", "purge", "replay"]
 

@@ -11,8 +11,8 @@ from typing import Any, Final
 
 import amqp
 
-from inbox.admin._dead_letters import dead_letter_queue, depth, hold
 from inbox.delivery import headers as h
+from inbox.operations._dead_letters import dead_letter_queue, depth, hold
 
 __all__ = ["MAX_SCANNED", "Oldest", "oldest_dead_letter"]
 

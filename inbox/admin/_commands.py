@@ -9,18 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from sqlalchemy import Engine, MetaData, Table
+from sqlalchemy import Engine
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
 from inbox.admin import _render
 from inbox.operations import _claims, _status
 from inbox.operations import _dead_letters as dead_letters
-from inbox.retention._targets import schemas_holding
+from inbox.operations._tables import Tables, tenant_schemas
 
 __all__ = [
     "EXIT_NOT_FOUND",
     "Streams",
-    "Tables",
     "check_per_schema",
     "release",
     "show",
@@ -30,19 +29,6 @@ __all__ = [
 ]
 
 EXIT_NOT_FOUND = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Tables:
-    """The tables the commands read, as named on the command line."""
-
-    claims: Table
-    effects: Table
-    outbox: Table
-
-    def in_schema(self, schema: str) -> Tables:
-        """The same tables in ``schema`` (a tenant's), on metadata of their own."""
-        return Tables(*(_in_schema(t, schema) for t in (self.claims, self.effects, self.outbox)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +85,10 @@ def check_per_schema(args: argparse.Namespace) -> None:
 def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams) -> int:
     """``inbox status --schema ... | --all-schemas``: one report per tenant schema (a list
     of documents with ``--json``)."""
-    schemas = schemas_holding(engine, tables.claims.name) if args.all_schemas else args.schemas
+    schemas = tenant_schemas(engine, tables) if args.all_schemas else args.schemas
     reports = [
-        _status.read_status(
-            engine,
-            _in_schema(tables.claims, schema),
-            _in_schema(tables.outbox, schema),
-            _in_schema(tables.effects, schema),
-        )
-        for schema in schemas
+        _status.read_status(engine, tenant.claims, tenant.outbox, tenant.effects)
+        for tenant in (tables.in_schema(schema) for schema in schemas)
     ]
     if args.json:
         io.out.write(_render.as_json(reports))
@@ -117,11 +98,6 @@ def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, 
             io.out.write("\n")
         io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
     return EXIT_OK
-
-
-def _in_schema(table: Table, schema: str) -> Table:
-    """A copy of ``table`` in ``schema``, on metadata of its own."""
-    return table.to_metadata(MetaData(), schema=schema)
 
 
 def show(

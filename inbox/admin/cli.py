@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final, TextIO
 
-from sqlalchemy import URL, Engine, MetaData, Table, create_engine
+from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from inbox._amqp.connections import BROKER_URL_ENV, broker_connection
@@ -43,11 +43,7 @@ from inbox.admin._parser import usage_parser
 from inbox.errors import ConfigurationError
 from inbox.operations import _claims
 from inbox.operations._migrate import migrate
-from inbox.schema import (
-    effect_table,
-    outbox_table,
-    resolve_table,
-)
+from inbox.operations._tables import Tables
 
 __all__ = ["admin_main"]
 
@@ -90,11 +86,7 @@ def admin_main(
             return _guarded(lambda: _migrate(engine, url, args.revision, io), io, url, None)
         if getattr(args, "schemas", None) or getattr(args, "all_schemas", False):
             _commands.check_per_schema(args)
-        tables = _commands.Tables(
-            resolve_table(args.table),
-            _named(args.effect_table, effect_table),
-            _named(args.outbox_table, outbox_table),
-        )
+        tables = Tables.named(args.table, args.effect_table, args.outbox_table)
         keys = (
             _claims.lookup_keys(args.id_or_key, business_key=args.key)
             if args.command in ("show", "release")
@@ -205,8 +197,3 @@ def _broker_url(args: argparse.Namespace) -> str | None:
         raise UsageError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
     broker_connection(url)  # a ValueError that never echoes the URL when it does not parse
     return url
-
-
-def _named(name: str, build: Callable[..., Table]) -> Table:
-    schema, _, bare = name.rpartition(".")
-    return build(MetaData(), bare, schema=schema or None)

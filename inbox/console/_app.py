@@ -20,7 +20,6 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.admin._commands import Tables
 from inbox.console import _claim_pages, _effect_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
@@ -46,6 +45,7 @@ from inbox.console._web import (
 )
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _status
+from inbox.operations._tables import Tables
 from inbox.operations._workers import read_readiness
 
 __all__ = ["create_app"]

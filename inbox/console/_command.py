@@ -12,12 +12,12 @@ from sqlalchemy import Engine
 
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
-from inbox.admin._commands import Streams, Tables
+from inbox.admin._commands import Streams
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
 from inbox.operations._status import read_status
+from inbox.operations._tables import Tables, tenant_schemas
 from inbox.operations._workers import check_worker_url
-from inbox.retention._targets import schemas_holding
 
 __all__ = ["EXTRA_MISSING", "add_options", "run"]
 
@@ -92,9 +92,7 @@ def run(
     except ImportError:
         raise UsageError(EXTRA_MISSING) from None
     schemas = tuple(
-        schemas_holding(engine, tables.claims.name)
-        if args.all_tenant_schemas
-        else args.tenant_schemas
+        tenant_schemas(engine, tables) if args.all_tenant_schemas else args.tenant_schemas
     )
     if args.all_tenant_schemas and not schemas:
         raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")

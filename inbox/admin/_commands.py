@@ -12,8 +12,8 @@ from typing import TextIO
 from sqlalchemy import Engine
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
-from inbox.admin import _render
-from inbox.operations import _claims, _status
+from inbox.admin import _printing
+from inbox.operations import _claims, _render, _status
 from inbox.operations import _dead_letters as dead_letters
 from inbox.operations._tables import Tables, tenant_schemas
 
@@ -64,9 +64,9 @@ def status(
         # A queue that is not there is part of the report (None), not its end.
         report.dead_letters[name] = dead_letters.depth_if_present(broker, name)
     if args.json:
-        io.out.write(_render.as_json(report))
+        io.out.write(_printing.as_json(report))
     else:
-        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+        io.out.writelines(f"{line}\n" for line in _printing.status_lines(report))
     return EXIT_OK
 
 
@@ -91,12 +91,12 @@ def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, 
         for tenant in (tables.in_schema(schema) for schema in schemas)
     ]
     if args.json:
-        io.out.write(_render.as_json(reports))
+        io.out.write(_printing.as_json(reports))
         return EXIT_OK
     for index, report in enumerate(reports):
         if index:
             io.out.write("\n")
-        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+        io.out.writelines(f"{line}\n" for line in _printing.status_lines(report))
     return EXIT_OK
 
 
@@ -110,7 +110,7 @@ def show(
     """``inbox show``: exit 3 when no handler processed the message."""
     found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
     if args.json:
-        io.out.write(_render.as_json(found))
+        io.out.write(_printing.as_json(found))
     elif found:
         io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     else:

@@ -11,11 +11,11 @@ from typing import Final, TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox._oneline import bounded
-from inbox.admin import _render
+from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.delivery._policy import DeadLetterReason
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _replay
+from inbox.operations import _render, _replay
 
 __all__ = ["MAX_DURATION", "dead_letter_reason", "dlq", "duration"]
 
@@ -55,10 +55,10 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         if args.dlq_command == "list":
             present, letters = _dlq.peek(channel, args.queue, args.limit)
             if args.json:
-                io.out.write(_render.as_json({"present": present, "dead_letters": letters}))
+                io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
             else:
                 io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
-                io.out.writelines(f"{_render.dead_letter_line(x)}\n" for x in letters)
+                io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
             return EXIT_OK
         if args.dlq_command == "show":
             message = _dlq.find(channel, args.queue, args.message_id)
@@ -69,7 +69,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 return EXIT_NOT_FOUND
             io.out.writelines(
                 f"{line}\n"
-                for line in _render.message_lines(message.properties, message.body, args.max_body)
+                for line in _printing.message_lines(message.properties, message.body, args.max_body)
             )
             return EXIT_OK
         filters = _replay.Filters(
@@ -107,7 +107,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         io.out.write(f"{_render.move_line(report, args.dlq_command)}\n")
         for letter in report.replayed_too_often:
             io.out.write(
-                f"  left (replayed {letter.replays} times): {_render.dead_letter_line(letter)}\n"
+                f"  left (replayed {letter.replays} times): {_printing.dead_letter_line(letter)}\n"
             )
     return EXIT_OK
 

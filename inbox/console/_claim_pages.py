@@ -10,7 +10,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _render
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -23,7 +22,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
-from inbox.operations import _claims
+from inbox.operations import _claims, _render
 
 __all__ = ["claims", "claims_release"]
 

@@ -13,7 +13,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _render
 from inbox.admin._dlq_commands import dead_letter_reason, duration
 from inbox.console._audit import audit
 from inbox.console._web import (
@@ -30,7 +29,7 @@ from inbox.console._web import (
 from inbox.delivery import headers as h
 from inbox.delivery._policy import DeadLetterReason
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _replay
+from inbox.operations import _render, _replay
 
 __all__ = ["dead_letter", "dead_letters", "purge", "replay"]
 

@@ -4,49 +4,17 @@ code, on one channel to the broker."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import re
 from collections.abc import Callable
-from typing import Final, TextIO
+from typing import TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
-from inbox._oneline import bounded
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
-from inbox.delivery._policy import DeadLetterReason
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
+from inbox.operations._filters import Filters
 
-__all__ = ["MAX_DURATION", "dead_letter_reason", "dlq", "duration"]
-
-_DURATION = re.compile(r"(\d+)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-MAX_DURATION: Final = dt.timedelta(days=36500)
-"""The longest ``--older-than``: a hundred years (a cutoff before that is no filter)."""
-_REASONS: Final = tuple(reason.value for reason in DeadLetterReason)
-
-
-def duration(text: str) -> dt.timedelta:
-    """An argparse ``type``: ``90s``, ``30m``, ``12h`` or ``7d``, at most :data:`MAX_DURATION`
-    (``--older-than 9999999999d`` is a usage error, not an overflow)."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is None:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30m, 12h or 7d, got {text!r}")
-    number, unit = int(found.group(1)), _UNITS[found.group(2)]
-    if number > MAX_DURATION / dt.timedelta(**{unit: 1}):
-        raise argparse.ArgumentTypeError(
-            f"at most {MAX_DURATION.days}d (a hundred years), got {bounded(text.strip(), 40)}"
-        )
-    return dt.timedelta(**{unit: number})
-
-
-def dead_letter_reason(text: str) -> str:
-    """An argparse ``type``: one of the reasons the worker writes in ``x-inbox-reason``."""
-    if text not in _REASONS:
-        raise argparse.ArgumentTypeError(
-            f"unknown reason {bounded(text, 60)!r}: one of {', '.join(_REASONS)}"
-        )
-    return text
+__all__ = ["dlq"]
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
@@ -72,7 +40,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 for line in _printing.message_lines(message.properties, message.body, args.max_body)
             )
             return EXIT_OK
-        filters = _replay.Filters(
+        filters = Filters(
             frozenset(args.reason),
             frozenset(args.handler),
             args.older_than,

@@ -4,6 +4,8 @@ argparse parser (and each subcommand's, for the generated CLI reference)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import (
@@ -12,7 +14,7 @@ from inbox._cli import (
     add_version,
     whole_number,
 )
-from inbox.admin._dlq_commands import dead_letter_reason, duration
+from inbox.operations._filters import dead_letter_reason, duration
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -20,6 +22,8 @@ from inbox.schema import (
 )
 
 __all__ = ["command_parsers", "usage_parser"]
+
+_T = TypeVar("_T")
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -155,7 +159,7 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         "--reason",
         action="append",
         default=[],
-        type=dead_letter_reason,
+        type=_argument(dead_letter_reason),
         help="only this reason, as x-inbox-reason says it (handler-failed, ...; repeat)",
     )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
@@ -163,7 +167,9 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
     )
     parser.add_argument(
-        "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
+        "--older-than",
+        type=_argument(duration),
+        help="only dead-lettered at least this long ago (30m, 7d)",
     )
     parser.add_argument("--dry-run", action="store_true", help="count, change nothing")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
@@ -172,3 +178,17 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
 def _broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", help=f"RabbitMQ URL (default ${BROKER_URL_ENV})")
     parser.add_argument("--queue", required=True, help="the worker's queue (its .dlq is read)")
+
+
+def _argument(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """An argparse ``type`` from an operation's reader: its ``ValueError`` becomes argparse's
+    own error, so the usage line says what the reader said."""
+
+    def read(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    read.__name__ = parse.__name__
+    return read

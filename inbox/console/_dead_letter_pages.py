@@ -13,7 +13,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin._dlq_commands import dead_letter_reason, duration
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -30,6 +29,7 @@ from inbox.delivery import headers as h
 from inbox.delivery._policy import DeadLetterReason
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
+from inbox.operations._filters import Filters, dead_letter_reason, duration
 
 __all__ = ["dead_letter", "dead_letters", "purge", "replay"]
 
@@ -124,14 +124,14 @@ async def dead_letter(request: Request, user: User) -> Response:
     )
 
 
-def _filters(form: FormData) -> tuple[_replay.Filters, dict[str, object]]:
+def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
     try:
         reasons = frozenset(dead_letter_reason(r) for r in form_texts(form, "reason"))
         older = form_text(form, "older_than")
         older_than = duration(older) if older else None
-    except Exception as exc:  # argparse's ArgumentTypeError: the CLI's words for bad input
+    except ValueError as exc:  # the CLI's words for bad input
         raise HttpProblem(400, str(exc)) from None
-    filters = _replay.Filters(
+    filters = Filters(
         reasons,
         frozenset(form_texts(form, "handler")),
         older_than,

@@ -28,35 +28,9 @@ from inbox.operations._dead_letters import (
     hold,
     publish_confirmed,
 )
+from inbox.operations._filters import Filters
 
-__all__ = ["Filters", "MoveReport", "purge", "replay"]
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which dead letters to take: all of these that are given must hold."""
-
-    reasons: frozenset[str] = frozenset()
-    """``x-inbox-reason`` is one of these."""
-    handlers: frozenset[str] = frozenset()
-    """One of these is among ``x-inbox-failed-handlers``."""
-    older_than: dt.timedelta | None = None
-    """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
-    message_ids: frozenset[str] = frozenset()
-    """The message id is one of these (one dead letter, or a chosen few)."""
-
-    def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
-        """Whether ``letter`` passes every filter given."""
-        if self.message_ids and letter.message_id not in self.message_ids:
-            return False
-        if self.reasons and letter.reason not in self.reasons:
-            return False
-        if self.handlers and not self.handlers & set(letter.failed_handlers):
-            return False
-        if self.older_than is None:
-            return True
-        at = letter.dead_lettered()
-        return at is not None and now - at >= self.older_than
+__all__ = ["MoveReport", "purge", "replay"]
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from inbox._cli import (
     add_version,
     whole_number,
 )
+from inbox.admin._subcommands import discovered
 from inbox.operations._filters import dead_letter_reason, duration
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
@@ -107,15 +108,11 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
 
-    console = commands.add_parser(
-        "console", help="the operator console in a browser (docs/console.md)"
-    )
-    _database_options(console)
-    # The console is built on this package's operations; the command only reaches it here
-    # and at its run, when asked (no import cycle, no web stack for the other commands).
-    from inbox.console._command import add_options as console_options
-
-    console_options(console)
+    for name, subcommand in discovered().items():  # inbox console, registered by the console
+        added = commands.add_parser(name, help=subcommand.help)
+        _database_options(added)
+        subcommand.add_options(added)
+        added.set_defaults(subcommand=subcommand)
 
     commands.add_parser(
         "cleanup",

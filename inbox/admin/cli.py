@@ -1,7 +1,7 @@
 """``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
 inbox's tables; ``migrate`` creates or upgrades them; ``dlq list|show|replay|purge`` work on
-a worker's dead-letter queue; ``console`` serves the same in a browser; ``cleanup`` is
-``inbox-cleanup``.
+a worker's dead-letter queue; ``console`` serves the same in a browser (a subcommand the
+console registers, :mod:`inbox.admin._subcommands`); ``cleanup`` is ``inbox-cleanup``.
 
 Exit codes: 0 success (also when the reader of the output went away: ``inbox status | head
 -1``); 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge`` without
@@ -40,6 +40,7 @@ from inbox.admin import _commands
 from inbox.admin._dlq_commands import dlq
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._parser import usage_parser
+from inbox.admin._subcommands import Subcommand
 from inbox.errors import ConfigurationError
 from inbox.operations import _claims
 from inbox.operations._migrate import migrate
@@ -106,10 +107,9 @@ def admin_main(
                 return _commands.status_per_schema(engine, tables, args, io)
             if args.command == "status":
                 return _commands.status(engine, tables, args, broker, io)
-            if args.command == "console":
-                from inbox.console._command import run as run_console
-
-                return run_console(engine, tables, args, broker, io)
+            subcommand: Subcommand | None = getattr(args, "subcommand", None)
+            if subcommand is not None:
+                return subcommand.run(engine, tables, args, broker, io.out)
             if args.command == "show":
                 return _commands.show(engine, tables, keys, args, io)
             return _commands.release(engine, tables, keys, args, io)

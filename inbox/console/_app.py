@@ -1,6 +1,6 @@
 """The console's web app: Starlette routes rendering Jinja2 templates (autoescaped), every
 page behind :mod:`inbox.console._auth`, every change a confirmed, CSRF-checked POST that
-calls the same operations as the ``inbox`` command (:mod:`inbox.admin`) and is audited.
+calls the same operations as the ``inbox`` command (:mod:`inbox.operations`) and is audited.
 This module signs in and out, shows the overview, and puts the routes together."""
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from inbox.operations._tables import Tables, tenant_schemas
 
 __all__ = [
     "EXIT_NOT_FOUND",
+    "Command",
     "Streams",
     "check_per_schema",
     "release",
     "show",
     "status",
-    "status_per_schema",
     "terminal_confirm",
 ]
 
@@ -38,6 +38,11 @@ class Streams:
     out: TextIO
     err: TextIO
     confirm: Callable[[str], bool] | None
+
+
+Command = Callable[[Engine, Tables, argparse.Namespace, str | None, Streams], int]
+"""A subcommand's run on the database (``status``, ``show``, ``release``, and those of other
+packages): the parser names it for its subcommand (``set_defaults(run=...)``)."""
 
 
 def terminal_confirm() -> Callable[[str], bool] | None:
@@ -56,7 +61,10 @@ def terminal_confirm() -> Callable[[str], bool] | None:
 def status(
     engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
-    """``inbox status``."""
+    """``inbox status`` (one report per tenant schema with ``--schema`` or
+    ``--all-schemas``)."""
+    if args.schemas or args.all_schemas:
+        return _status_per_schema(engine, tables, args, io)
     report = _status.read_status(engine, tables.claims, tables.outbox, tables.effects)
     for queue in args.queues:
         assert broker is not None  # checked with the arguments
@@ -82,7 +90,9 @@ def check_per_schema(args: argparse.Namespace) -> None:
             )
 
 
-def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams) -> int:
+def _status_per_schema(
+    engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams
+) -> int:
     """``inbox status --schema ... | --all-schemas``: one report per tenant schema (a list
     of documents with ``--json``)."""
     schemas = tenant_schemas(engine, tables) if args.all_schemas else args.schemas
@@ -101,13 +111,10 @@ def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, 
 
 
 def show(
-    engine: Engine,
-    tables: Tables,
-    keys: tuple[_claims.LookupKey, ...],
-    args: argparse.Namespace,
-    io: Streams,
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
     """``inbox show``: exit 3 when no handler processed the message."""
+    keys = _lookup(args)
     found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
     if args.json:
         io.out.write(_printing.as_json(found))
@@ -126,13 +133,10 @@ def show(
 
 
 def release(
-    engine: Engine,
-    tables: Tables,
-    keys: tuple[_claims.LookupKey, ...],
-    args: argparse.Namespace,
-    io: Streams,
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
     """``inbox release``: exit 3 when there was nothing to release, 2 when not confirmed."""
+    keys = _lookup(args)
     found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
     if not found:
         io.out.write(
@@ -158,6 +162,11 @@ def release(
         f"of {args.handler} deleted; the next delivery runs it again\n"
     )
     return EXIT_OK
+
+
+def _lookup(args: argparse.Namespace) -> tuple[_claims.LookupKey, ...]:
+    """The claim keys ``ID-OR-KEY`` stands for (``--key``: the business key alone)."""
+    return _claims.lookup_keys(args.id_or_key, business_key=args.key)
 
 
 def _asked(keys: tuple[_claims.LookupKey, ...], handler: str | None) -> str:

@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
+from sqlalchemy import Engine
+
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import (
     DATABASE_URL_ENV,
@@ -14,8 +16,10 @@ from inbox._cli import (
     add_version,
     whole_number,
 )
-from inbox.admin._subcommands import discovered
+from inbox.admin import _commands
+from inbox.admin._subcommands import Subcommand, discovered
 from inbox.operations._filters import dead_letter_reason, duration
+from inbox.operations._tables import Tables
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -44,7 +48,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     commands = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     status = commands.add_parser("status", help="claims per handler, outbox, effects, dead letters")
-    _database_options(status)
+    _database_options(status, _commands.status)
     status.add_argument("--broker", help=f"with --queue: dead letters (default ${BROKER_URL_ENV})")
     status.add_argument("--queue", dest="queues", action="append", default=[], help="repeat")
     status.add_argument("--json", action="store_true", help="one JSON document")
@@ -57,7 +61,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     )
 
     show = commands.add_parser("show", help="which handlers processed a message, and when")
-    _database_options(show)
+    _database_options(show, _commands.show)
     _key_options(show)
     show.add_argument("--handler", help="only this handler")
     show.add_argument("--json", action="store_true", help="one JSON document")
@@ -65,7 +69,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     release = commands.add_parser(
         "release", help="delete a handler's claim and effect records: the next delivery re-runs it"
     )
-    _database_options(release)
+    _database_options(release, _commands.release)
     _key_options(release)
     release.add_argument("--handler", required=True, help="the handler to run again")
     release.add_argument("--yes", action="store_true", help="do not ask")
@@ -110,9 +114,8 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
 
     for name, subcommand in discovered().items():  # inbox console, registered by the console
         added = commands.add_parser(name, help=subcommand.help)
-        _database_options(added)
+        _database_options(added, _run_of(subcommand))
         subcommand.add_options(added)
-        added.set_defaults(subcommand=subcommand)
 
     commands.add_parser(
         "cleanup",
@@ -129,7 +132,24 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     return parser
 
 
-def _database_options(parser: argparse.ArgumentParser) -> None:
+def _run_of(subcommand: Subcommand) -> _commands.Command:
+    """A registered subcommand's run, handed the output stream it writes to."""
+
+    def run(
+        engine: Engine,
+        tables: Tables,
+        args: argparse.Namespace,
+        broker: str | None,
+        io: _commands.Streams,
+    ) -> int:
+        return subcommand.run(engine, tables, args, broker, io.out)
+
+    return run
+
+
+def _database_options(parser: argparse.ArgumentParser, run: _commands.Command) -> None:
+    """The options of a subcommand on the database, and its run."""
+    parser.set_defaults(run=run)
     parser.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
     parser.add_argument("--table", default=DEFAULT_TABLE_NAME, help="claims table, [SCHEMA.]NAME")
     parser.add_argument("--effect-table", default=DEFAULT_EFFECT_TABLE_NAME, help="[SCHEMA.]NAME")

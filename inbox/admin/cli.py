@@ -40,9 +40,7 @@ from inbox.admin import _commands
 from inbox.admin._dlq_commands import dlq
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._parser import usage_parser
-from inbox.admin._subcommands import Subcommand
 from inbox.errors import ConfigurationError
-from inbox.operations import _claims
 from inbox.operations._migrate import migrate
 from inbox.operations._tables import Tables
 
@@ -88,11 +86,6 @@ def admin_main(
         if getattr(args, "schemas", None) or getattr(args, "all_schemas", False):
             _commands.check_per_schema(args)
         tables = Tables.named(args.table, args.effect_table, args.outbox_table)
-        keys = (
-            _claims.lookup_keys(args.id_or_key, business_key=args.key)
-            if args.command in ("show", "release")
-            else ()
-        )
         engine = _engine(url)
     except VersionRequested as version:
         line = version.line
@@ -103,16 +96,8 @@ def admin_main(
 
     def run() -> int:
         try:
-            if args.command == "status" and (args.schemas or args.all_schemas):
-                return _commands.status_per_schema(engine, tables, args, io)
-            if args.command == "status":
-                return _commands.status(engine, tables, args, broker, io)
-            subcommand: Subcommand | None = getattr(args, "subcommand", None)
-            if subcommand is not None:
-                return subcommand.run(engine, tables, args, broker, io.out)
-            if args.command == "show":
-                return _commands.show(engine, tables, keys, args, io)
-            return _commands.release(engine, tables, keys, args, io)
+            command: _commands.Command = args.run  # set by the parser, for each subcommand
+            return command(engine, tables, args, broker, io)
         finally:
             engine.dispose()
 

@@ -133,21 +133,8 @@ class ConsoleCommand:
     command adds the database options and connects; the console adds its own and serves."""
 
     help = "the operator console in a browser (docs/console.md)"
-
-    def add_options(self, parser: argparse.ArgumentParser) -> None:
-        """The console's own options."""
-        add_options(parser)
-
-    def run(
-        self,
-        engine: Engine,
-        tables: Tables,
-        args: argparse.Namespace,
-        broker: str | None,
-        out: TextIO,
-    ) -> int:
-        """Serve the console until interrupted."""
-        return run(engine, tables, args, broker, out)
+    add_options = staticmethod(add_options)
+    run = staticmethod(run)
 
 
 SUBCOMMAND: Final = ConsoleCommand()

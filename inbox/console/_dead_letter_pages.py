@@ -26,14 +26,12 @@ from inbox.console._web import (
     whole_field,
 )
 from inbox.delivery import headers as h
-from inbox.delivery._policy import DeadLetterReason
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
-from inbox.operations._filters import Filters, dead_letter_reason, duration
+from inbox.operations._filters import REASONS, Filters, dead_letter_reason, duration
 
 __all__ = ["dead_letter", "dead_letters", "purge", "replay"]
 
-_REASONS: Final = tuple(r.value for r in DeadLetterReason)
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
     (h.FIRST_FAILURE, "first failed"),
@@ -79,7 +77,7 @@ async def dead_letters(request: Request, user: User) -> Response:
         present=present,
         letters=letters,
         reasons=dict(reasons.most_common()),
-        all_reasons=_REASONS,
+        all_reasons=REASONS,
         csrf=user.csrf,
     )
 

@@ -14,13 +14,14 @@ from inbox.delivery._policy import DeadLetterReason
 from inbox.errors import ConfigurationError
 from inbox.operations._dead_letters import DeadLetterRecord
 
-__all__ = ["MAX_DURATION", "Filters", "dead_letter_reason", "duration"]
+__all__ = ["MAX_DURATION", "REASONS", "Filters", "dead_letter_reason", "duration"]
 
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 MAX_DURATION: Final = dt.timedelta(days=36500)
 """The longest ``--older-than``: a hundred years (a cutoff before that is no filter)."""
-_REASONS: Final = tuple(reason.value for reason in DeadLetterReason)
+REASONS: Final = tuple(reason.value for reason in DeadLetterReason)
+"""The reasons the worker writes in ``x-inbox-reason``, in the order they are documented."""
 
 
 def duration(text: str) -> dt.timedelta:
@@ -39,9 +40,9 @@ def duration(text: str) -> dt.timedelta:
 
 def dead_letter_reason(text: str) -> str:
     """One of the reasons the worker writes in ``x-inbox-reason``; ``ValueError`` else."""
-    if text not in _REASONS:
+    if text not in REASONS:
         raise ConfigurationError(
-            f"unknown reason {bounded(text, 60)!r}: one of {', '.join(_REASONS)}"
+            f"unknown reason {bounded(text, 60)!r}: one of {', '.join(REASONS)}"
         )
     return text
 

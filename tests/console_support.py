@@ -18,12 +18,12 @@ from support.databases import Database
 from support.rabbit import Rabbit
 
 from inbox import Inbox, Message, Outbox
-from inbox.admin._commands import Tables
-from inbox.admin._dead_letters import dead_letter_queue, open_channel, publish_confirmed
 from inbox.broker import Relay
 from inbox.console import ConsoleSettings, Credentials
 from inbox.delivery import headers as h
 from inbox.errors import HandlerFailed
+from inbox.operations._dead_letters import dead_letter_queue, open_channel, publish_confirmed
+from inbox.operations._tables import Tables
 from inbox.schema import effect_table, inbox_table, outbox_table
 
 TOKEN: Final = "s3cret-console-token-for-tests"

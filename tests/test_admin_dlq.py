@@ -34,8 +34,8 @@ from support.worker import (
 )
 
 from inbox.admin import admin_main
-from inbox.admin._dead_letters import REPLAYS
 from inbox.delivery import headers as h
+from inbox.operations._dead_letters import REPLAYS
 from inbox.schema import inbox_message
 
 POISON = [f"bad-{i}" for i in range(40)]

@@ -207,9 +207,9 @@ def test_import_inbox_loads_no_kombu_and_publish_error_still_imports_from_the_co
 # runs a real Worker on mem:// for users' tests.
 BRIDGES = (
     "outbox/relay/",
-    "admin/_dead_letters.py",
-    "admin/_dead_letter_age.py",
-    "admin/_replay.py",
+    "operations/_dead_letters.py",
+    "operations/_dead_letter_age.py",
+    "operations/_replay.py",
     "testing/harness.py",
 )
 # The broker edge: the kombu worker and the py-amqp frame and confirm plumbing under it.

@@ -43,13 +43,13 @@ from support.rabbit import Rabbit
 
 from inbox import HandlerFailed, Inbox, Message, UncertainEffect
 from inbox.admin import admin_main
-from inbox.admin._dead_letters import REPLAYS, dead_letter_queue, open_channel
 from inbox.admin._parser import command_parsers
-from inbox.admin._workers import check_worker_url
 from inbox.broker import Relay
 from inbox.console import ConsoleSettings, create_app, load_credentials
 from inbox.console._auth import SESSION_COOKIE
 from inbox.delivery import headers as h
+from inbox.operations._dead_letters import REPLAYS, dead_letter_queue, open_channel
+from inbox.operations._workers import check_worker_url
 from inbox.schema import effect_table, inbox_table, outbox_table
 
 

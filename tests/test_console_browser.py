@@ -42,9 +42,9 @@ from support.rabbit import Rabbit
 from support.worker import run_in_thread, wait_until
 
 from inbox import Inbox, Message
-from inbox.admin._dead_letters import dead_letter_queue, open_channel
 from inbox.broker import Publisher, Relay, RetryPolicy, Worker
 from inbox.console import ConsoleSettings, create_app
+from inbox.operations._dead_letters import dead_letter_queue, open_channel
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "console"
 HOSTILE = "<script>document.title='owned'</script><img src=x onerror=\"document.title='owned'\">"

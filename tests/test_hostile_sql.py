@@ -124,7 +124,7 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
         "core/_backends/_mysql.py": [
             "exec_driver_sql('UNLOCK TABLES')",
         ],
-        "admin/_status.py": [
+        "operations/_status.py": [
             "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
             "text('SELECT coalesce(sum(data_length + index_length), 0",
         ],

@@ -9,39 +9,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from sqlalchemy import Engine, MetaData, Table
+from sqlalchemy import Engine
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
-from inbox.admin import _claims, _render, _status
-from inbox.admin import _dead_letters as dead_letters
-from inbox.retention._targets import schemas_holding
+from inbox.admin import _printing
+from inbox.operations import _claims, _render, _status
+from inbox.operations import _dead_letters as dead_letters
+from inbox.operations._tables import Tables, tenant_schemas
 
 __all__ = [
     "EXIT_NOT_FOUND",
+    "Command",
     "Streams",
-    "Tables",
     "check_per_schema",
     "release",
     "show",
     "status",
-    "status_per_schema",
     "terminal_confirm",
 ]
 
 EXIT_NOT_FOUND = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Tables:
-    """The tables the commands read, as named on the command line."""
-
-    claims: Table
-    effects: Table
-    outbox: Table
-
-    def in_schema(self, schema: str) -> Tables:
-        """The same tables in ``schema`` (a tenant's), on metadata of their own."""
-        return Tables(*(_in_schema(t, schema) for t in (self.claims, self.effects, self.outbox)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +38,11 @@ class Streams:
     out: TextIO
     err: TextIO
     confirm: Callable[[str], bool] | None
+
+
+Command = Callable[[Engine, Tables, argparse.Namespace, str | None, Streams], int]
+"""A subcommand's run on the database (``status``, ``show``, ``release``, and those of other
+packages): the parser names it for its subcommand (``set_defaults(run=...)``)."""
 
 
 def terminal_confirm() -> Callable[[str], bool] | None:
@@ -69,7 +61,10 @@ def terminal_confirm() -> Callable[[str], bool] | None:
 def status(
     engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
-    """``inbox status``."""
+    """``inbox status`` (one report per tenant schema with ``--schema`` or
+    ``--all-schemas``)."""
+    if args.schemas or args.all_schemas:
+        return _status_per_schema(engine, tables, args, io)
     report = _status.read_status(engine, tables.claims, tables.outbox, tables.effects)
     for queue in args.queues:
         assert broker is not None  # checked with the arguments
@@ -77,9 +72,9 @@ def status(
         # A queue that is not there is part of the report (None), not its end.
         report.dead_letters[name] = dead_letters.depth_if_present(broker, name)
     if args.json:
-        io.out.write(_render.as_json(report))
+        io.out.write(_printing.as_json(report))
     else:
-        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+        io.out.writelines(f"{line}\n" for line in _printing.status_lines(report))
     return EXIT_OK
 
 
@@ -95,45 +90,34 @@ def check_per_schema(args: argparse.Namespace) -> None:
             )
 
 
-def status_per_schema(engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams) -> int:
+def _status_per_schema(
+    engine: Engine, tables: Tables, args: argparse.Namespace, io: Streams
+) -> int:
     """``inbox status --schema ... | --all-schemas``: one report per tenant schema (a list
     of documents with ``--json``)."""
-    schemas = schemas_holding(engine, tables.claims.name) if args.all_schemas else args.schemas
+    schemas = tenant_schemas(engine, tables) if args.all_schemas else args.schemas
     reports = [
-        _status.read_status(
-            engine,
-            _in_schema(tables.claims, schema),
-            _in_schema(tables.outbox, schema),
-            _in_schema(tables.effects, schema),
-        )
-        for schema in schemas
+        _status.read_status(engine, tenant.claims, tenant.outbox, tenant.effects)
+        for tenant in (tables.in_schema(schema) for schema in schemas)
     ]
     if args.json:
-        io.out.write(_render.as_json(reports))
+        io.out.write(_printing.as_json(reports))
         return EXIT_OK
     for index, report in enumerate(reports):
         if index:
             io.out.write("\n")
-        io.out.writelines(f"{line}\n" for line in _render.status_lines(report))
+        io.out.writelines(f"{line}\n" for line in _printing.status_lines(report))
     return EXIT_OK
 
 
-def _in_schema(table: Table, schema: str) -> Table:
-    """A copy of ``table`` in ``schema``, on metadata of its own."""
-    return table.to_metadata(MetaData(), schema=schema)
-
-
 def show(
-    engine: Engine,
-    tables: Tables,
-    keys: tuple[_claims.LookupKey, ...],
-    args: argparse.Namespace,
-    io: Streams,
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
     """``inbox show``: exit 3 when no handler processed the message."""
+    keys = _lookup(args)
     found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
     if args.json:
-        io.out.write(_render.as_json(found))
+        io.out.write(_printing.as_json(found))
     elif found:
         io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     else:
@@ -149,13 +133,10 @@ def show(
 
 
 def release(
-    engine: Engine,
-    tables: Tables,
-    keys: tuple[_claims.LookupKey, ...],
-    args: argparse.Namespace,
-    io: Streams,
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
     """``inbox release``: exit 3 when there was nothing to release, 2 when not confirmed."""
+    keys = _lookup(args)
     found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
     if not found:
         io.out.write(
@@ -181,6 +162,11 @@ def release(
         f"of {args.handler} deleted; the next delivery runs it again\n"
     )
     return EXIT_OK
+
+
+def _lookup(args: argparse.Namespace) -> tuple[_claims.LookupKey, ...]:
+    """The claim keys ``ID-OR-KEY`` stands for (``--key``: the business key alone)."""
+    return _claims.lookup_keys(args.id_or_key, business_key=args.key)
 
 
 def _asked(keys: tuple[_claims.LookupKey, ...], handler: str | None) -> str:

@@ -4,48 +4,17 @@ code, on one channel to the broker."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import re
 from collections.abc import Callable
-from typing import Final, TextIO
+from typing import TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
-from inbox._oneline import bounded
-from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _render, _replay
+from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
-from inbox.delivery._policy import DeadLetterReason
+from inbox.operations import _dead_letters as _dlq
+from inbox.operations import _render, _replay
+from inbox.operations._filters import Filters
 
-__all__ = ["MAX_DURATION", "dead_letter_reason", "dlq", "duration"]
-
-_DURATION = re.compile(r"(\d+)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-MAX_DURATION: Final = dt.timedelta(days=36500)
-"""The longest ``--older-than``: a hundred years (a cutoff before that is no filter)."""
-_REASONS: Final = tuple(reason.value for reason in DeadLetterReason)
-
-
-def duration(text: str) -> dt.timedelta:
-    """An argparse ``type``: ``90s``, ``30m``, ``12h`` or ``7d``, at most :data:`MAX_DURATION`
-    (``--older-than 9999999999d`` is a usage error, not an overflow)."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is None:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30m, 12h or 7d, got {text!r}")
-    number, unit = int(found.group(1)), _UNITS[found.group(2)]
-    if number > MAX_DURATION / dt.timedelta(**{unit: 1}):
-        raise argparse.ArgumentTypeError(
-            f"at most {MAX_DURATION.days}d (a hundred years), got {bounded(text.strip(), 40)}"
-        )
-    return dt.timedelta(**{unit: number})
-
-
-def dead_letter_reason(text: str) -> str:
-    """An argparse ``type``: one of the reasons the worker writes in ``x-inbox-reason``."""
-    if text not in _REASONS:
-        raise argparse.ArgumentTypeError(
-            f"unknown reason {bounded(text, 60)!r}: one of {', '.join(_REASONS)}"
-        )
-    return text
+__all__ = ["dlq"]
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
@@ -54,10 +23,10 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         if args.dlq_command == "list":
             present, letters = _dlq.peek(channel, args.queue, args.limit)
             if args.json:
-                io.out.write(_render.as_json({"present": present, "dead_letters": letters}))
+                io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
             else:
                 io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
-                io.out.writelines(f"{_render.dead_letter_line(x)}\n" for x in letters)
+                io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
             return EXIT_OK
         if args.dlq_command == "show":
             message = _dlq.find(channel, args.queue, args.message_id)
@@ -68,10 +37,10 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 return EXIT_NOT_FOUND
             io.out.writelines(
                 f"{line}\n"
-                for line in _render.message_lines(message.properties, message.body, args.max_body)
+                for line in _printing.message_lines(message.properties, message.body, args.max_body)
             )
             return EXIT_OK
-        filters = _replay.Filters(
+        filters = Filters(
             frozenset(args.reason),
             frozenset(args.handler),
             args.older_than,
@@ -106,7 +75,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         io.out.write(f"{_render.move_line(report, args.dlq_command)}\n")
         for letter in report.replayed_too_often:
             io.out.write(
-                f"  left (replayed {letter.replays} times): {_render.dead_letter_line(letter)}\n"
+                f"  left (replayed {letter.replays} times): {_printing.dead_letter_line(letter)}\n"
             )
     return EXIT_OK
 

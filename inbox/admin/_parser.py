@@ -4,6 +4,10 @@ argparse parser (and each subcommand's, for the generated CLI reference)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy import Engine
 
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import (
@@ -12,7 +16,10 @@ from inbox._cli import (
     add_version,
     whole_number,
 )
-from inbox.admin._dlq_commands import dead_letter_reason, duration
+from inbox.admin import _commands
+from inbox.admin._subcommands import Subcommand, discovered
+from inbox.operations._filters import dead_letter_reason, duration
+from inbox.operations._tables import Tables
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
@@ -20,6 +27,8 @@ from inbox.schema import (
 )
 
 __all__ = ["command_parsers", "usage_parser"]
+
+_T = TypeVar("_T")
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -39,7 +48,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     commands = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     status = commands.add_parser("status", help="claims per handler, outbox, effects, dead letters")
-    _database_options(status)
+    _database_options(status, _commands.status)
     status.add_argument("--broker", help=f"with --queue: dead letters (default ${BROKER_URL_ENV})")
     status.add_argument("--queue", dest="queues", action="append", default=[], help="repeat")
     status.add_argument("--json", action="store_true", help="one JSON document")
@@ -52,7 +61,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     )
 
     show = commands.add_parser("show", help="which handlers processed a message, and when")
-    _database_options(show)
+    _database_options(show, _commands.show)
     _key_options(show)
     show.add_argument("--handler", help="only this handler")
     show.add_argument("--json", action="store_true", help="one JSON document")
@@ -60,7 +69,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     release = commands.add_parser(
         "release", help="delete a handler's claim and effect records: the next delivery re-runs it"
     )
-    _database_options(release)
+    _database_options(release, _commands.release)
     _key_options(release)
     release.add_argument("--handler", required=True, help="the handler to run again")
     release.add_argument("--yes", action="store_true", help="do not ask")
@@ -103,15 +112,10 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
 
-    console = commands.add_parser(
-        "console", help="the operator console in a browser (docs/console.md)"
-    )
-    _database_options(console)
-    # The console is built on this package's operations; the command only reaches it here
-    # and at its run, when asked (no import cycle, no web stack for the other commands).
-    from inbox.console._command import add_options as console_options
-
-    console_options(console)
+    for name, subcommand in discovered().items():  # inbox console, registered by the console
+        added = commands.add_parser(name, help=subcommand.help)
+        _database_options(added, _run_of(subcommand))
+        subcommand.add_options(added)
 
     commands.add_parser(
         "cleanup",
@@ -128,7 +132,24 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     return parser
 
 
-def _database_options(parser: argparse.ArgumentParser) -> None:
+def _run_of(subcommand: Subcommand) -> _commands.Command:
+    """A registered subcommand's run, handed the output stream it writes to."""
+
+    def run(
+        engine: Engine,
+        tables: Tables,
+        args: argparse.Namespace,
+        broker: str | None,
+        io: _commands.Streams,
+    ) -> int:
+        return subcommand.run(engine, tables, args, broker, io.out)
+
+    return run
+
+
+def _database_options(parser: argparse.ArgumentParser, run: _commands.Command) -> None:
+    """The options of a subcommand on the database, and its run."""
+    parser.set_defaults(run=run)
     parser.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
     parser.add_argument("--table", default=DEFAULT_TABLE_NAME, help="claims table, [SCHEMA.]NAME")
     parser.add_argument("--effect-table", default=DEFAULT_EFFECT_TABLE_NAME, help="[SCHEMA.]NAME")
@@ -155,7 +176,7 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         "--reason",
         action="append",
         default=[],
-        type=dead_letter_reason,
+        type=_argument(dead_letter_reason),
         help="only this reason, as x-inbox-reason says it (handler-failed, ...; repeat)",
     )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
@@ -163,7 +184,9 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
     )
     parser.add_argument(
-        "--older-than", type=duration, help="only dead-lettered at least this long ago (30m, 7d)"
+        "--older-than",
+        type=_argument(duration),
+        help="only dead-lettered at least this long ago (30m, 7d)",
     )
     parser.add_argument("--dry-run", action="store_true", help="count, change nothing")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
@@ -172,3 +195,17 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
 def _broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", help=f"RabbitMQ URL (default ${BROKER_URL_ENV})")
     parser.add_argument("--queue", required=True, help="the worker's queue (its .dlq is read)")
+
+
+def _argument(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """An argparse ``type`` from an operation's reader: its ``ValueError`` becomes argparse's
+    own error, so the usage line says what the reader said."""
+
+    def read(text: str) -> _T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    read.__name__ = parse.__name__
+    return read

@@ -1,7 +1,7 @@
 """``inbox``: the operator's command. ``status``, ``show``, ``release`` read and change the
 inbox's tables; ``migrate`` creates or upgrades them; ``dlq list|show|replay|purge`` work on
-a worker's dead-letter queue; ``console`` serves the same in a browser; ``cleanup`` is
-``inbox-cleanup``.
+a worker's dead-letter queue; ``console`` serves the same in a browser (a subcommand the
+console registers, :mod:`inbox.admin._subcommands`); ``cleanup`` is ``inbox-cleanup``.
 
 Exit codes: 0 success (also when the reader of the output went away: ``inbox status | head
 -1``); 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge`` without
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final, TextIO
 
-from sqlalchemy import URL, Engine, MetaData, Table, create_engine
+from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from inbox._amqp.connections import BROKER_URL_ENV, broker_connection
@@ -36,17 +36,13 @@ from inbox._cli import (
     usage_line,
 )
 from inbox._oneline import database_error_line
-from inbox.admin import _claims, _commands
+from inbox.admin import _commands
 from inbox.admin._dlq_commands import dlq
 from inbox.admin._guard import guarded_cleanup
-from inbox.admin._migrate import migrate
 from inbox.admin._parser import usage_parser
 from inbox.errors import ConfigurationError
-from inbox.schema import (
-    effect_table,
-    outbox_table,
-    resolve_table,
-)
+from inbox.operations._migrate import migrate
+from inbox.operations._tables import Tables
 
 __all__ = ["admin_main"]
 
@@ -89,16 +85,7 @@ def admin_main(
             return _guarded(lambda: _migrate(engine, url, args.revision, io), io, url, None)
         if getattr(args, "schemas", None) or getattr(args, "all_schemas", False):
             _commands.check_per_schema(args)
-        tables = _commands.Tables(
-            resolve_table(args.table),
-            _named(args.effect_table, effect_table),
-            _named(args.outbox_table, outbox_table),
-        )
-        keys = (
-            _claims.lookup_keys(args.id_or_key, business_key=args.key)
-            if args.command in ("show", "release")
-            else ()
-        )
+        tables = Tables.named(args.table, args.effect_table, args.outbox_table)
         engine = _engine(url)
     except VersionRequested as version:
         line = version.line
@@ -109,17 +96,8 @@ def admin_main(
 
     def run() -> int:
         try:
-            if args.command == "status" and (args.schemas or args.all_schemas):
-                return _commands.status_per_schema(engine, tables, args, io)
-            if args.command == "status":
-                return _commands.status(engine, tables, args, broker, io)
-            if args.command == "console":
-                from inbox.console._command import run as run_console
-
-                return run_console(engine, tables, args, broker, io)
-            if args.command == "show":
-                return _commands.show(engine, tables, keys, args, io)
-            return _commands.release(engine, tables, keys, args, io)
+            command: _commands.Command = args.run  # set by the parser, for each subcommand
+            return command(engine, tables, args, broker, io)
         finally:
             engine.dispose()
 
@@ -204,8 +182,3 @@ def _broker_url(args: argparse.Namespace) -> str | None:
         raise UsageError(f"no broker: pass --broker or set {BROKER_URL_ENV}")
     broker_connection(url)  # a ValueError that never echoes the URL when it does not parse
     return url
-
-
-def _named(name: str, build: Callable[..., Table]) -> Table:
-    schema, _, bare = name.rpartition(".")
-    return build(MetaData(), bare, schema=schema or None)

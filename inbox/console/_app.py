@@ -1,6 +1,6 @@
 """The console's web app: Starlette routes rendering Jinja2 templates (autoescaped), every
 page behind :mod:`inbox.console._auth`, every change a confirmed, CSRF-checked POST that
-calls the same operations as the ``inbox`` command (:mod:`inbox.admin`) and is audited.
+calls the same operations as the ``inbox`` command (:mod:`inbox.operations`) and is audited.
 This module signs in and out, shows the overview, and puts the routes together."""
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _status
-from inbox.admin._commands import Tables
-from inbox.admin._workers import read_readiness
 from inbox.console import _claim_pages, _effect_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
@@ -47,6 +43,10 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _dead_letters as _dlq
+from inbox.operations import _status
+from inbox.operations._tables import Tables
+from inbox.operations._workers import read_readiness
 
 __all__ = ["create_app"]
 

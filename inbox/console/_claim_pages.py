@@ -1,5 +1,5 @@
 """The claims' pages: look a message up by id or business key, release one handler's claim
-(:mod:`inbox.admin._claims`)."""
+(:mod:`inbox.operations._claims`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _claims, _render
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -23,6 +22,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _claims, _render
 
 __all__ = ["claims", "claims_release"]
 

@@ -1,25 +1,25 @@
-"""``inbox console``: its options (registered on the ``inbox`` parser without importing the
-web stack) and its run. The web stack (Starlette, Jinja2, uvicorn) is the ``console`` extra:
+"""``inbox console``: its options and its run, registered as a subcommand of ``inbox``
+(:data:`SUBCOMMAND`, the ``inbox.subcommands`` entry point) without importing the web stack.
+The web stack (Starlette, Jinja2, uvicorn) is the ``console`` extra:
 ``pip install 'sqlalchemy-inbox[console]'``."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-from typing import Final
+from typing import Final, TextIO
 
 from sqlalchemy import Engine
 
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
-from inbox.admin._commands import Streams, Tables
-from inbox.admin._status import read_status
-from inbox.admin._workers import check_worker_url
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
-from inbox.retention._targets import schemas_holding
+from inbox.operations._status import read_status
+from inbox.operations._tables import Tables, tenant_schemas
+from inbox.operations._workers import check_worker_url
 
-__all__ = ["EXTRA_MISSING", "add_options", "run"]
+__all__ = ["EXTRA_MISSING", "SUBCOMMAND", "ConsoleCommand", "add_options", "run"]
 
 EXTRA_MISSING: Final = (
     "inbox console needs the console extra: pip install 'sqlalchemy-inbox[console]'"
@@ -79,7 +79,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(
-    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
+    engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, out: TextIO
 ) -> int:
     """Serve the console until interrupted. Bad credentials are a usage error (exit 2)."""
     credentials = load_credentials(
@@ -92,9 +92,7 @@ def run(
     except ImportError:
         raise UsageError(EXTRA_MISSING) from None
     schemas = tuple(
-        schemas_holding(engine, tables.claims.name)
-        if args.all_tenant_schemas
-        else args.tenant_schemas
+        tenant_schemas(engine, tables) if args.all_tenant_schemas else args.tenant_schemas
     )
     if args.all_tenant_schemas and not schemas:
         raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")
@@ -112,13 +110,13 @@ def run(
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page
     mode = "actions allowed" if args.allow_actions else "read-only"
-    io.out.write(f"inbox console: http://{_shown(args.host)}:{args.port}/ ({mode})\n")
+    out.write(f"inbox console: http://{_shown(args.host)}:{args.port}/ ({mode})\n")
     if not _loopback(args.host):
-        io.out.write(
+        out.write(
             "inbox console: listening beyond this machine: serve it behind TLS (a reverse "
             "proxy), or the token and cookie cross the network in clear\n"
         )
-    io.out.flush()
+    out.flush()
     uvicorn.run(
         create_app(settings),
         host=args.host,
@@ -128,6 +126,19 @@ def run(
         server_header=False,
     )
     return EXIT_OK
+
+
+class ConsoleCommand:
+    """``inbox console`` as a subcommand of ``inbox`` (its ``Subcommand`` protocol): the
+    command adds the database options and connects; the console adds its own and serves."""
+
+    help = "the operator console in a browser (docs/console.md)"
+    add_options = staticmethod(add_options)
+    run = staticmethod(run)
+
+
+SUBCOMMAND: Final = ConsoleCommand()
+"""What the ``inbox.subcommands`` entry point named ``console`` loads."""
 
 
 def _loopback(host: str) -> bool:

@@ -1,5 +1,5 @@
 """The dead-letter pages: a queue's dead letters, one in full, and replay or purge (one, or
-a filtered set) through a dry-run preview and a confirmation, by :mod:`inbox.admin._replay`."""
+a filtered set) through a dry-run preview and a confirmation, by :mod:`inbox.operations._replay`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _dead_letters as _dlq
-from inbox.admin import _render, _replay
-from inbox.admin._dlq_commands import dead_letter_reason, duration
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -29,11 +26,12 @@ from inbox.console._web import (
     whole_field,
 )
 from inbox.delivery import headers as h
-from inbox.delivery._policy import DeadLetterReason
+from inbox.operations import _dead_letters as _dlq
+from inbox.operations import _render, _replay
+from inbox.operations._filters import REASONS, Filters, dead_letter_reason, duration
 
 __all__ = ["dead_letter", "dead_letters", "purge", "replay"]
 
-_REASONS: Final = tuple(r.value for r in DeadLetterReason)
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
     (h.FIRST_FAILURE, "first failed"),
@@ -79,7 +77,7 @@ async def dead_letters(request: Request, user: User) -> Response:
         present=present,
         letters=letters,
         reasons=dict(reasons.most_common()),
-        all_reasons=_REASONS,
+        all_reasons=REASONS,
         csrf=user.csrf,
     )
 
@@ -124,14 +122,14 @@ async def dead_letter(request: Request, user: User) -> Response:
     )
 
 
-def _filters(form: FormData) -> tuple[_replay.Filters, dict[str, object]]:
+def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
     try:
         reasons = frozenset(dead_letter_reason(r) for r in form_texts(form, "reason"))
         older = form_text(form, "older_than")
         older_than = duration(older) if older else None
-    except Exception as exc:  # argparse's ArgumentTypeError: the CLI's words for bad input
+    except ValueError as exc:  # the CLI's words for bad input
         raise HttpProblem(400, str(exc)) from None
-    filters = _replay.Filters(
+    filters = Filters(
         reasons,
         frozenset(form_texts(form, "handler")),
         older_than,

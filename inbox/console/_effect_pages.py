@@ -1,6 +1,6 @@
 """The effect ledger's pages: effects by status, one effect's detail and timeline, and the
 actions "mark done with this result" and "release for another call"
-(:mod:`inbox.admin._effects`)."""
+(:mod:`inbox.operations._effects`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _claims, _effects, _status
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -26,6 +25,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _claims, _effects, _status
 
 __all__ = ["effect", "effect_done", "effect_release", "effects"]
 

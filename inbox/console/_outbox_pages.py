@@ -1,5 +1,5 @@
 """The outbox's pages: pending and refused rows with their last error; retry now, drop
-(:mod:`inbox.admin._outbox`)."""
+(:mod:`inbox.operations._outbox`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inbox.admin import _outbox, _status
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -24,6 +23,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _outbox, _status
 
 __all__ = ["outbox", "outbox_drop", "outbox_retry"]
 

@@ -8,9 +8,9 @@ from typing import Final
 
 from sqlalchemy import Engine
 
-from inbox.admin._commands import Tables
 from inbox.console._auth import Credentials
 from inbox.errors import ConfigurationError
+from inbox.operations._tables import Tables
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ConsoleSettings"]
 

@@ -17,11 +17,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inbox._cli import first_line, mask_urls
-from inbox.admin import _render
-from inbox.admin._commands import Tables
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
 from inbox.console._settings import ConsoleSettings
+from inbox.operations import _render
+from inbox.operations._tables import Tables
 
 __all__ = [
     "SCHEMA_COOKIE",

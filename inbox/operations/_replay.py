@@ -1,7 +1,7 @@
 """Moving dead letters: ``replay`` copies them back to their queue, ``purge`` deletes them.
 Both read at most the messages the dead-letter queue held when they began (or ``limit``), so
 nothing they put back or that is dead-lettered meanwhile is read twice in one run; both
-leave what they do not take in its place (see :func:`inbox.admin._dead_letters.hold`).
+leave what they do not take in its place (see :func:`inbox.operations._dead_letters.hold`).
 
 A replayed copy is confirmed by the broker before its dead letter is acked: a crash loses
 nothing, and at most the one message in flight is then in both queues, whose second delivery
@@ -16,7 +16,8 @@ from typing import Any
 
 import amqp
 
-from inbox.admin._dead_letters import (
+from inbox.delivery import headers as h
+from inbox.operations._dead_letters import (
     DROPPED_PROPERTIES,
     FAILURE_HEADERS,
     REPLAYED_AT,
@@ -27,36 +28,9 @@ from inbox.admin._dead_letters import (
     hold,
     publish_confirmed,
 )
-from inbox.delivery import headers as h
+from inbox.operations._filters import Filters
 
-__all__ = ["Filters", "MoveReport", "purge", "replay"]
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which dead letters to take: all of these that are given must hold."""
-
-    reasons: frozenset[str] = frozenset()
-    """``x-inbox-reason`` is one of these."""
-    handlers: frozenset[str] = frozenset()
-    """One of these is among ``x-inbox-failed-handlers``."""
-    older_than: dt.timedelta | None = None
-    """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
-    message_ids: frozenset[str] = frozenset()
-    """The message id is one of these (one dead letter, or a chosen few)."""
-
-    def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
-        """Whether ``letter`` passes every filter given."""
-        if self.message_ids and letter.message_id not in self.message_ids:
-            return False
-        if self.reasons and letter.reason not in self.reasons:
-            return False
-        if self.handlers and not self.handlers & set(letter.failed_handlers):
-            return False
-        if self.older_than is None:
-            return True
-        at = letter.dead_lettered()
-        return at is not None and now - at >= self.older_than
+__all__ = ["MoveReport", "purge", "replay"]
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from typing import Any, Final
 
 from sqlalchemy import ColumnElement, Engine, Table, delete, func, select, update
 
-from inbox.admin._status import DONE, DONE_WITHOUT_RESULT, effect_status
 from inbox.errors import ConfigurationError
+from inbox.operations._status import DONE, DONE_WITHOUT_RESULT, effect_status
 
 __all__ = [
     "EffectRecord",

@@ -1,24 +1,29 @@
-"""How old the dead letters of a queue are: the earliest time any of them can have been
-first processed, for the retention guard of ``inbox cleanup`` (:mod:`inbox.admin._guard`)."""
+"""The retention guard of ``inbox cleanup --broker URL --queue Q``: a dead letter can still
+be replayed, and its replay must find the claims of the handlers that already committed, or
+they run again. So the window is widened to keep every claim younger than the oldest dead
+letter of each queue (plus a day, for clocks that disagree): how old the dead letters of a
+queue are, the earliest time any of them can have been first processed."""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import amqp
 
-from inbox.admin._dead_letters import dead_letter_queue, depth, hold
 from inbox.delivery import headers as h
+from inbox.operations._dead_letters import dead_letter_queue, depth, hold, open_channel
 
-__all__ = ["MAX_SCANNED", "Oldest", "oldest_dead_letter"]
+__all__ = ["MAX_SCANNED", "Oldest", "guarded_days", "oldest_dead_letter", "oldest_of"]
 
 MAX_SCANNED: Final = 100_000
 """Dead letters read per queue, at most (each is held unacked until the scan ends)."""
 _UUID7: Final = 7
+_MARGIN: Final = dt.timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,23 @@ def oldest_dead_letter(channel: amqp.Channel, queue: str) -> Oldest | None:
         if born is not None and (oldest is None or born < oldest.at):
             oldest = Oldest(dlq, born, _text(message.properties.get("message_id")))
     return oldest
+
+
+def oldest_of(broker: str, queues: Sequence[str]) -> Oldest | None:
+    """The oldest dead letter of all ``queues``, read on one channel of its own (every
+    message read is back in its place when it closes); None when they are all empty."""
+    with open_channel(broker) as channel:
+        found = [oldest_dead_letter(channel, queue) for queue in queues]
+    return min((o for o in found if o is not None), key=lambda o: o.at, default=None)
+
+
+def guarded_days(days: int, oldest: dt.datetime | None, now: dt.datetime) -> int:
+    """``days``, or more whole days so that claims processed since ``oldest`` (less a day's
+    margin) are kept."""
+    if oldest is None:
+        return days
+    needed = math.ceil((now - oldest + _MARGIN) / dt.timedelta(days=1))
+    return max(days, needed)
 
 
 def _born(properties: Mapping[str, Any]) -> dt.datetime | None:

@@ -3,7 +3,7 @@ say about them, and reading them without taking them.
 
 A message read and not taken is held unacked on the channel and returns to its place in the
 queue when the channel closes, also when the process dies: at every moment each message is
-in one queue. Moving them is :mod:`inbox.admin._replay`; ``inbox dlq`` (:mod:`inbox.admin`)
+in one queue. Moving them is :mod:`inbox.operations._replay`; ``inbox dlq`` (:mod:`inbox.admin`)
 is the command.
 """
 

@@ -136,7 +136,7 @@ def _find(
     if effects is None or not inspect(connection).has_table(effects.name, effects.schema):
         return Found(found_claims, ())
     c = effects.c
-    from inbox.admin._status import effect_status
+    from inbox.operations._status import effect_status
 
     status = effect_status(c.status, c.result)
     effect_query = select(

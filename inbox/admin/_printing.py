@@ -1,8 +1,8 @@
-"""The text and JSON that ``inbox`` prints: one line per fact, times in UTC ISO 8601."""
+"""What ``inbox`` prints: the status report, dead letters one per line and one in full, and
+any record as JSON; one line per fact, times in UTC ISO 8601."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 import json
@@ -11,28 +11,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inbox._oneline import bounded
-from inbox.admin._claims import Found
-from inbox.admin._dead_letters import DeadLetterRecord, summary_fields
-from inbox.admin._replay import MoveReport
-from inbox.admin._status import DONE_WITHOUT_RESULT, StatusReport
+from inbox.operations._dead_letters import DeadLetterRecord, summary_fields
+from inbox.operations._render import body_view, property_lines, when
+from inbox.operations._status import DONE_WITHOUT_RESULT, StatusReport
 
-__all__ = [
-    "BodyView",
-    "as_json",
-    "body_view",
-    "dead_letter_line",
-    "found_lines",
-    "message_lines",
-    "move_line",
-    "property_lines",
-    "status_lines",
-    "when",
-]
-
-
-def when(value: dt.datetime | None) -> str:
-    """A time as printed: UTC, to the second; ``-`` for none."""
-    return "-" if value is None else value.astimezone(dt.UTC).isoformat(timespec="seconds")
+__all__ = ["as_json", "dead_letter_line", "message_lines", "status_lines"]
 
 
 def as_json(value: object) -> str:
@@ -98,22 +81,6 @@ def status_lines(report: StatusReport) -> Iterator[str]:
             yield f"dead letters in {queue}: {depth}"
 
 
-def found_lines(found: Found) -> Iterator[str]:
-    """``inbox show`` as text: each claim, then each effect record."""
-    for claim in found.claims:
-        yield (
-            f"{claim.handler}: processed at {when(claim.processed_at)} "
-            f"(claim key {claim.key.key}, the {claim.key.how})"
-        )
-    for effect in found.effects:
-        error = f", error {bounded(effect.error, 200)}" if effect.error else ""
-        yield (
-            f"  effect {effect.handler} step {effect.step!r}: {effect.status}, "
-            f"{effect.attempts} attempt(s), started {when(effect.started_at)}, updated "
-            f"{when(effect.updated_at)}{error}"
-        )
-
-
 def dead_letter_line(letter: DeadLetterRecord) -> str:
     """One dead letter on one line."""
     fields = [
@@ -122,59 +89,6 @@ def dead_letter_line(letter: DeadLetterRecord) -> str:
         if value is not None
     ]
     return " ".join(fields)
-
-
-def move_line(report: MoveReport, command: str) -> str:
-    """The summary line of a replay or a purge."""
-    done = {"replay": "replayed", "purge": "purged"}[command]
-    verb = f"would {command}" if report.dry_run else done
-    target = f" to {report.queue}" if command == "replay" else ""
-    line = (
-        f"{verb} {report.moved} of {report.present} dead letters from "
-        f"{report.dead_letter_queue}{target}"
-    )
-    left = []
-    if report.not_matching:
-        left.append(f"{report.not_matching} not matching the filters")
-    if report.replayed_too_often:
-        left.append(f"{len(report.replayed_too_often)} replayed too often already")
-    unread = report.present - report.examined
-    if unread > 0:
-        left.append(f"{unread} not read (--limit, or taken meanwhile)")
-    return line + (f"; left: {', '.join(left)}" if left else "")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BodyView:
-    """A message body as shown to a person: ``text`` is the first ``shown`` of ``size``
-    bytes, decoded as UTF-8 (``form`` ``"text"``) or, when they are not UTF-8, in base64
-    (``form`` ``"base64"``)."""
-
-    text: str
-    form: str
-    size: int
-    shown: int
-
-
-def body_view(raw_body: bytes | str, max_body: int) -> BodyView:
-    """The first ``max_body`` bytes of a body, as text when they are UTF-8, else base64."""
-    body = raw_body if isinstance(raw_body, bytes) else raw_body.encode()
-    shown = body[:max_body]
-    try:
-        return BodyView(shown.decode("utf-8"), "text", len(body), len(shown))
-    except UnicodeDecodeError:
-        return BodyView(base64.b64encode(shown).decode("ascii"), "base64", len(body), len(shown))
-
-
-def property_lines(all_properties: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """A message's properties, then its headers (``header NAME``), each value cut after
-    1000 characters, sorted by name within each."""
-    properties = {k: v for k, v in all_properties.items() if k != "application_headers"}
-    for name, value in sorted(properties.items()):
-        yield name, bounded(str(value), 1000)
-    headers = all_properties.get("application_headers") or {}
-    for name, value in sorted(headers.items()):
-        yield f"header {name}", bounded(str(value), 1000)
 
 
 def message_lines(

@@ -1,0 +1,123 @@
+"""Inbox tasks run by Celery's real prefork worker (a subprocess) on RabbitMQ and on Redis,
+against PostgreSQL: a pool child killed after its commit and before the ack, a duplicated
+task id, a key shared by task ids, retries, and a chain whose first step is redelivered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from celery import chain
+from support.databases import Database
+from support.rabbit import AMQP_URL, rabbit_area
+from support.redis import REDIS_URL, redis_area
+
+from inbox.celery import result_metadata
+
+TESTS = Path(__file__).resolve().parent
+WAIT = 60.0
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(broker URL, a queue name unique to this test); the queue is deleted afterwards."""
+    if request.param == "rabbitmq":
+        with rabbit_area() as area:
+            yield AMQP_URL, area.queue("celery")
+    else:
+        with redis_area(REDIS_URL.rsplit("/", 1)[0] + "/5") as area:
+            yield area.url, area.stream("celery")
+
+
+@contextmanager
+def worker(broker_url: str, queue: str, db: Database, markers: Path) -> Iterator[None]:
+    env = {
+        **os.environ,
+        "INBOX_CELERY_BROKER": broker_url,
+        "INBOX_CELERY_QUEUE": queue,
+        "INBOX_CELERY_DATABASE": db.url,
+        "INBOX_CELERY_MARKERS": str(markers),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "--pool=prefork"]
+    command += ["-c", "2", "-Q", queue, "-l", "warning", "--without-heartbeat"]
+    command += ["--without-mingle", "--without-gossip", "-n", f"w-{uuid.uuid4().hex[:8]}@%h"]
+    process = subprocess.Popen(command, cwd=TESTS, env=env, start_new_session=True)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
+    pg_db: Database, broker: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker_url, queue = broker
+    result_metadata.create_all(pg_db.engine)
+    monkeypatch.setenv("INBOX_CELERY_BROKER", broker_url)
+    monkeypatch.setenv("INBOX_CELERY_QUEUE", queue)
+    monkeypatch.setenv("INBOX_CELERY_DATABASE", pg_db.url)
+    monkeypatch.syspath_prepend(str(TESTS))
+    sys.modules.pop("celery_app", None)
+    import celery_app
+
+    killed = "killed"
+    (tmp_path / f"kill-{killed}").touch()
+    # The chain's next step is sent only after the first step's __call__ returns, which
+    # the kill prevents: it runs only if the redelivered first step returns its stored value.
+    first = "first"
+    (tmp_path / f"kill-{first}").touch()
+    try:
+        celery_app.record.delay(killed)
+        same_id = str(uuid.uuid4())
+        for _ in range(3):
+            celery_app.record.apply_async(("dup",), task_id=same_id)
+        for _ in range(3):
+            celery_app.charge.delay("o-1")
+        celery_app.flaky.delay("flaky")
+        chain(celery_app.record.s(first), celery_app.after.s()).delay()
+        with worker(broker_url, queue, pg_db, tmp_path):
+            until(
+                lambda: (
+                    pg_db.effect_counts().get(("flaky", "ct.flaky"), 0) >= 1
+                    and any(handler == "ct.after" for _, handler in pg_db.effect_counts())
+                    and ("killed", "ct.record") in pg_db.effect_counts()
+                    and not (tmp_path / f"kill-{killed}").exists()
+                    and not (tmp_path / f"kill-{first}").exists()
+                ),
+                "every task to commit",
+            )
+            time.sleep(3)  # room for any second commit to show
+        counts = pg_db.effect_counts()
+        assert counts[("killed", "ct.record")] == 1
+        assert counts[("dup", "ct.record")] == 1
+        assert counts[("first", "ct.record")] == 1
+        assert counts[("o-1", "ct.charge")] == 1
+        assert counts[("flaky", "ct.flaky")] == 1
+        [(previous, _)] = [key for key in counts if key[1] == "ct.after"]
+        assert previous.startswith("first:"), "the chain went on with the stored value"
+        assert counts[(previous, "ct.after")] == 1
+    finally:
+        celery_app.app.close()
+        sys.modules.pop("celery_app", None)

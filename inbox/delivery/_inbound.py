@@ -13,7 +13,7 @@ import lzma
 import uuid
 import zlib
 from collections.abc import Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from inbox.delivery._policy import DeadLetter, DeadLetterReason
 from inbox.delivery.codec import decode_body
@@ -34,9 +34,12 @@ __all__ = [
     "RAW_PROPERTIES",
     "UNREADABLE",
     "Delivery",
+    "Inbound",
     "body_bytes",
+    "inbound_of",
     "read_delivery",
     "read_id",
+    "read_inbound",
     "read_message",
     "sent_headers",
 ]
@@ -64,6 +67,26 @@ class Delivery(Protocol):
 
     @property
     def content_encoding(self) -> str | None: ...
+
+
+class Inbound(NamedTuple):
+    """What an edge reads from one delivery, as the broker handed it over (a tuple: it is
+    made once per delivery, on the hot path)."""
+
+    raw_id: object
+    """The delivery's message id as it came (a UUID once read, else a dead letter)."""
+    message_type: object
+    headers: Mapping[str, Any]
+    """The headers as the producer sent them: the base of every copy's headers."""
+    data: bytes
+    """The body as it came off the wire."""
+    content_type: str | None
+    content_encoding: str | None
+    compression: str | None = None
+    """How ``data`` is compressed (the ``compression`` header), None when it is not (or
+    the broker library decompressed it already)."""
+    unreadable: DeadLetter | None = None
+    """Set when the broker library could not read the delivery at all: the dead letter."""
 
 
 class _Decompressor(Protocol):
@@ -132,6 +155,26 @@ def sent_headers(delivery: Delivery) -> dict[str, Any]:
     return headers
 
 
+def inbound_of(delivery: Delivery) -> Inbound:
+    """A kombu-style ``delivery`` (AMQP properties, headers) as an :class:`Inbound`."""
+    properties: Mapping[str, Any] = delivery.properties or {}
+    compression = properties.get(DEFERRED_COMPRESSION)
+    unreadable = None
+    if UNREADABLE in properties:
+        detail = f"the delivery's properties do not decode: {properties[UNREADABLE]}"
+        unreadable = DeadLetter(DeadLetterReason.UNREADABLE_PROPERTIES, detail)
+    return Inbound(
+        properties.get("message_id"),
+        properties.get("type"),
+        sent_headers(delivery),
+        body_bytes(delivery),
+        delivery.content_type,
+        delivery.content_encoding,
+        None if compression is None else str(compression),
+        unreadable,
+    )
+
+
 def read_delivery(
     delivery: Delivery, decode_error: BaseException | None, default_content_type: str | None
 ) -> Message | DeadLetter:
@@ -140,26 +183,33 @@ def read_delivery(
     ``decode_error`` is the error kombu met decompressing the body itself (on transports
     whose frames the worker does not read).
     """
-    properties: Mapping[str, Any] = delivery.properties or {}
-    if UNREADABLE in properties:
-        detail = f"the delivery's properties do not decode: {properties[UNREADABLE]}"
-        return DeadLetter(DeadLetterReason.UNREADABLE_PROPERTIES, detail)
-    message_id = read_id(properties.get("message_id"))
+    return read_inbound(inbound_of(delivery), default_content_type, decode_error)
+
+
+def read_inbound(
+    inbound: Inbound,
+    default_content_type: str | None,
+    decode_error: BaseException | None = None,
+) -> Message | DeadLetter:
+    """The delivery read as ``inbound`` as a :class:`Message`, or the :class:`DeadLetter`
+    it calls for. ``decode_error``: the error the broker library met decompressing the body
+    itself. Shared by every broker edge."""
+    if inbound.unreadable is not None:
+        return inbound.unreadable
+    message_id = read_id(inbound.raw_id)
     if isinstance(message_id, DeadLetter):
         return message_id
-    headers = sent_headers(delivery)
     if decode_error is not None:
-        detail = f"cannot decompress ({headers.get('compression')!r}): {decode_error}"
+        detail = f"cannot decompress ({inbound.headers.get('compression')!r}): {decode_error}"
         return DeadLetter(DeadLetterReason.UNDECODABLE_BODY, detail)
-    compression = properties.get(DEFERRED_COMPRESSION)
     return read_message(
         message_id,
-        properties.get("type"),
-        headers,
-        body_bytes(delivery),
-        content_type=delivery.content_type,
-        content_encoding=delivery.content_encoding,
-        compression=None if compression is None else str(compression),
+        inbound.message_type,
+        inbound.headers,
+        inbound.data,
+        content_type=inbound.content_type,
+        content_encoding=inbound.content_encoding,
+        compression=inbound.compression,
         default_content_type=default_content_type,
     )
 

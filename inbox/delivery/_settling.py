@@ -41,12 +41,14 @@ MAX_REFUSAL_WAIT: Final = 30.0
 class Settling:
     """What one edge counts, logs and writes when it settles a delivery (see the module)."""
 
-    __slots__ = ("logger", "policy", "stats")
+    __slots__ = ("halted_by", "logger", "policy", "stats")
 
     def __init__(self, stats: WorkerStats, policy: RetryPolicy, logger: logging.Logger) -> None:
         self.stats = stats
         self.policy = policy
         self.logger = logger
+        self.halted_by: BaseException | None = None
+        """The configuration error that stopped the edge, once one did."""
 
     def decide(
         self,
@@ -67,7 +69,8 @@ class Settling:
         return decide(outcome, h.tries_so_far(headers), self.policy)
 
     def halt(self, halt: Halt) -> None:
-        """The line of a configuration error that stops the consumer."""
+        """Record and log the configuration error that stops the consumer."""
+        self.halted_by = halt.error
         self.logger.critical("configuration error, stopping: %s", h.describe(halt.error))
 
     def retry(

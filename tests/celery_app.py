@@ -84,3 +84,17 @@ def flaky(self: Any, session: Session, ref: str) -> None:
     write(session, ref, "ct.flaky")
     if self.request.retries < 2:
         raise self.retry(countdown=0)
+
+
+@tasks.task(name="ct.fragile", autoretry_for=(RuntimeError,), max_retries=1, default_retry_delay=0)
+def fragile(session: Session, ref: str) -> None:
+    """Fails while its marker ``<markers>/fail-<ref>`` exists (retried once, then for good)."""
+    write(session, ref, "ct.fragile")
+    if (MARKERS / f"fail-{ref}").exists():
+        raise RuntimeError(f"{ref} fails on purpose")
+
+
+@tasks.task(name="ct.strict", key=lambda order: f"order-{order['id']}")
+def strict(session: Session, order: dict[str, str]) -> None:
+    """Its key needs a mapping with an id: anything else is a poison message."""
+    write(session, order["id"], "ct.strict")

@@ -4,6 +4,8 @@ task id, a key shared by task ids, retries, and a chain whose first step is rede
 
 from __future__ import annotations
 
+import importlib
+import io
 import os
 import signal
 import subprocess
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from celery import chain
@@ -20,6 +23,7 @@ from support.databases import Database
 from support.rabbit import AMQP_URL, rabbit_area
 from support.redis import REDIS_URL, redis_area
 
+from inbox.admin.cli import admin_main
 from inbox.celery import result_metadata
 
 TESTS = Path(__file__).resolve().parent
@@ -70,25 +74,37 @@ def until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.1)
 
 
+@contextmanager
+def sender(
+    broker_url: str, queue: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ModuleType]:
+    """The test app imported in this process, to send tasks as a client does."""
+    result_metadata.create_all(db.engine)
+    monkeypatch.setenv("INBOX_CELERY_BROKER", broker_url)
+    monkeypatch.setenv("INBOX_CELERY_QUEUE", queue)
+    monkeypatch.setenv("INBOX_CELERY_DATABASE", db.url)
+    monkeypatch.syspath_prepend(str(TESTS))
+    sys.modules.pop("celery_app", None)
+    module = importlib.import_module("celery_app")
+    try:
+        yield module
+    finally:
+        module.app.close()
+        module.engine.dispose()
+        sys.modules.pop("celery_app", None)
+
+
 def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
     pg_db: Database, broker: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broker_url, queue = broker
-    result_metadata.create_all(pg_db.engine)
-    monkeypatch.setenv("INBOX_CELERY_BROKER", broker_url)
-    monkeypatch.setenv("INBOX_CELERY_QUEUE", queue)
-    monkeypatch.setenv("INBOX_CELERY_DATABASE", pg_db.url)
-    monkeypatch.syspath_prepend(str(TESTS))
-    sys.modules.pop("celery_app", None)
-    import celery_app
-
-    killed = "killed"
-    (tmp_path / f"kill-{killed}").touch()
-    # The chain's next step is sent only after the first step's __call__ returns, which
-    # the kill prevents: it runs only if the redelivered first step returns its stored value.
-    first = "first"
-    (tmp_path / f"kill-{first}").touch()
-    try:
+    with sender(broker_url, queue, pg_db, monkeypatch) as celery_app:
+        killed = "killed"
+        (tmp_path / f"kill-{killed}").touch()
+        # The chain's next step is sent only after the first step's __call__ returns, which
+        # the kill prevents: it runs only if the redelivered first step returns its stored value.
+        first = "first"
+        (tmp_path / f"kill-{first}").touch()
         celery_app.record.delay(killed)
         same_id = str(uuid.uuid4())
         for _ in range(3):
@@ -118,6 +134,54 @@ def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
         [(previous, _)] = [key for key in counts if key[1] == "ct.after"]
         assert previous.startswith("first:"), "the chain went on with the stored value"
         assert counts[(previous, "ct.after")] == 1
-    finally:
-        celery_app.app.close()
-        sys.modules.pop("celery_app", None)
+
+
+def test_a_task_failed_for_good_is_a_dead_letter_that_replays_as_a_celery_task(
+    pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), pg_db, monkeypatch) as app:
+        queue = area.queue("celery")
+        (tmp_path / "fail-bad").touch()
+        fragile = app.fragile.delay("bad")
+        app.strict.delay("not-a-mapping")
+        with worker(AMQP_URL, queue, pg_db, tmp_path):
+            until(lambda: area.depth(f"{queue}.dlq") == 2, "two dead letters")
+        assert pg_db.effect_counts() == {}, "every failed try was rolled back"
+        letters = {m.headers["task"]: m for m in area.take_all(f"{queue}.dlq")}
+        failed, poison = letters["ct.fragile"], letters["ct.strict"]
+        assert failed.headers["x-inbox-reason"] == "handler-failed"
+        assert failed.headers["x-inbox-tries"] == 2  # the first try and Celery's one retry
+        assert "RuntimeError: bad fails on purpose" in failed.headers["x-inbox-error"]
+        assert failed.headers["x-inbox-queue"] == queue
+        assert failed.headers["id"] == fragile.id
+        assert failed.properties["correlation_id"] == fragile.id
+        assert failed.content_type == "application/json"
+        assert failed.headers["lang"] == "py"
+        assert failed.headers["retries"] == 1
+        assert poison.headers["x-inbox-reason"] == "invalid-key"
+
+        # Back in the dead-letter queue, then replayed by the inbox command once fixed.
+        with area.connection() as connection:
+            producer = connection.Producer()
+            for letter in (failed, poison):
+                producer.publish(
+                    letter.body,
+                    routing_key=f"{queue}.dlq",
+                    headers=letter.headers,
+                    content_type=letter.content_type,
+                    content_encoding=letter.content_encoding,
+                    correlation_id=letter.properties["correlation_id"],
+                )
+        (tmp_path / "fail-bad").unlink()
+        listed = io.StringIO()
+        assert (
+            admin_main(["dlq", "list", "--broker", AMQP_URL, "--queue", queue], stdout=listed) == 0
+        )
+        assert "handler-failed" in listed.getvalue()
+        assert "invalid-key" in listed.getvalue()
+        replay = ["dlq", "replay", "--broker", AMQP_URL, "--queue", queue]
+        code = admin_main([*replay, "--reason", "handler-failed", "-q"], stdout=io.StringIO())
+        assert code == 0
+        with worker(AMQP_URL, queue, pg_db, tmp_path):
+            until(lambda: pg_db.effect_counts() == {("bad", "ct.fragile"): 1}, "the replayed task")
+        assert area.depth(f"{queue}.dlq") == 1  # the poison message stays

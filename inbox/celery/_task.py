@@ -19,9 +19,10 @@ from celery import Task
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
+from inbox.celery._dead_letters import CELERY_CONTROL, settle_failure
 from inbox.celery._results import load_result, store_result
 from inbox.core._handlers import RegisteredHandler
-from inbox.errors import ConfigurationError, HandlerFailed
+from inbox.errors import ConfigurationError, HandlerFailed, InvalidKey
 from inbox.message import Message, key_bytes, uuid7
 from inbox.result import Outcome
 
@@ -100,20 +101,24 @@ class InboxTask(Task):
         name: str = self.name
         message = Message(task_message_id(self.request.id), name, TaskCall(self, args, kwargs))
         registered = binding.handler(name)
-        message.body.claim_key = registered.claim_key(message)
+        failure: BaseException
         try:
+            message.body.claim_key = registered.claim_key(message)
             result = binding.inbox.process(message)
         except HandlerFailed as exc:
-            failure = exc.failures.get(name)
-            if failure is None:
-                raise
+            failure = exc.failures.get(name, exc)
+            if isinstance(failure, CELERY_CONTROL):
+                raise failure from None
+        except InvalidKey as exc:
+            failure = exc
         else:
             if result.outcomes.get(name) is Outcome.DUPLICATE:
                 with binding.sessions() as session:
                     return load_result(session, message.body.claim_key, name)
             return message.body.returned
-        # Raised outside the except clause: Celery sees the body's own exception (a Retry,
-        # an autoretry_for error) with its own cause, not chained to HandlerFailed.
+        # Failed for good (Celery's retries are over, or there are none for this error):
+        # a dead letter on <queue>.dlq, then Celery sees the task's own exception.
+        settle_failure(self, message, failure)
         raise failure
 
 

@@ -172,3 +172,24 @@ def test_import_inbox_imports_nothing_of_celery() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_effect_in_an_inbox_task_is_called_once_across_retries(
+    app: Celery, pg_db: Database
+) -> None:
+    result_metadata.create_all(pg_db.engine)
+    inbox = Inbox(pg_db.sessions)
+    tasks = InboxTasks(app, inbox, pg_db.sessions)
+    calls: list[uuid.UUID] = []
+
+    @tasks.task(name="t.pay", bind=True, max_retries=2, default_retry_delay=0)
+    def pay(self: Any, session: Session, ref: str) -> str:
+        receipt = inbox.effect("charge", lambda key: calls.append(key) or f"paid-{ref}")
+        write(session, ref, "t.pay")
+        if self.request.retries < 2:
+            raise self.retry()
+        return str(receipt)
+
+    assert pay.delay("p").get() == "paid-p"
+    assert len(calls) == 1
+    assert pg_db.effect_counts() == {("p", "t.pay"): 1}

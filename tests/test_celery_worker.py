@@ -124,7 +124,7 @@ def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
                 ),
                 "every task to commit",
             )
-            time.sleep(3)  # room for any second commit to show
+            time.sleep(1)  # room for a second commit to show
         counts = pg_db.effect_counts()
         assert counts[("killed", "ct.record")] == 1
         assert counts[("dup", "ct.record")] == 1

@@ -4,10 +4,12 @@ retries rolled back with the claim, the result bound, the settings a worker refu
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from support.databases import Database, effects
 
+import inbox as inbox_package
 from inbox import Inbox
 from inbox.celery import InboxTasks, ResultTooLarge, result_metadata, task_result_table
 from inbox.errors import ConfigurationError
@@ -193,3 +196,19 @@ def test_an_effect_in_an_inbox_task_is_called_once_across_retries(
     assert pay.delay("p").get() == "paid-p"
     assert len(calls) == 1
     assert pg_db.effect_counts() == {("p", "t.pay"): 1}
+
+
+def test_celery_is_imported_by_inbox_celery_alone() -> None:
+    """The Celery edge is the one package that knows Celery (docs/architecture.md)."""
+    root = Path(inbox_package.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "celery" and path.parent.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            assert all(name.split(".")[0] != "celery" for name in names), path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from celery import chain
@@ -30,15 +32,28 @@ TESTS = Path(__file__).resolve().parent
 WAIT = 60.0
 
 
+DeadLetters = Callable[[str], list[dict[str, Any]]]
+
+
 @pytest.fixture(params=["rabbitmq", "redis"])
-def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    """(broker URL, a queue name unique to this test); the queue is deleted afterwards."""
+def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, DeadLetters]]:
+    """(broker URL, a queue name unique to this test, a reader of a queue's messages'
+    headers); the queues are deleted afterwards."""
     if request.param == "rabbitmq":
-        with rabbit_area() as area:
-            yield AMQP_URL, area.queue("celery")
+        with rabbit_area() as rabbit:
+
+            def taken(queue: str) -> list[dict[str, Any]]:
+                return [m.headers for m in rabbit.take_all(queue)] if rabbit.depth(queue) else []
+
+            yield AMQP_URL, rabbit.queue("celery"), taken
     else:
         with redis_area(REDIS_URL.rsplit("/", 1)[0] + "/5") as area:
-            yield area.url, area.stream("celery")
+
+            def pushed(queue: str) -> list[dict[str, Any]]:
+                with area.client() as client:  # kombu's Redis transport: JSON in a list
+                    return [json.loads(raw)["headers"] for raw in client.lrange(queue, 0, -1)]
+
+            yield area.url, area.stream("celery"), pushed
 
 
 @contextmanager
@@ -95,9 +110,27 @@ def sender(
 
 
 def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
-    pg_db: Database, broker: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_db: Database,
+    broker: tuple[str, str, DeadLetters],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    broker_url, queue = broker
+    broker_url, queue, dead_letters = broker
+    letters: list[dict[str, Any]] = []
+
+    def all_settled() -> bool:
+        counts = pg_db.effect_counts()
+        if not letters:  # read (and on RabbitMQ taken) once it is there
+            letters.extend(dead_letters(f"{queue}.dlq"))
+        return bool(
+            counts.get(("flaky", "ct.flaky"))
+            and any(handler == "ct.after" for _, handler in counts)
+            and ("killed", "ct.record") in counts
+            and not (tmp_path / "kill-killed").exists()
+            and not (tmp_path / "kill-first").exists()
+            and letters
+        )
+
     with sender(broker_url, queue, pg_db, monkeypatch) as celery_app:
         killed = "killed"
         (tmp_path / f"kill-{killed}").touch()
@@ -112,18 +145,11 @@ def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
         for _ in range(3):
             celery_app.charge.delay("o-1")
         celery_app.flaky.delay("flaky")
+        (tmp_path / "fail-bad").touch()
+        celery_app.fragile.delay("bad")
         chain(celery_app.record.s(first), celery_app.after.s()).delay()
         with worker(broker_url, queue, pg_db, tmp_path):
-            until(
-                lambda: (
-                    pg_db.effect_counts().get(("flaky", "ct.flaky"), 0) >= 1
-                    and any(handler == "ct.after" for _, handler in pg_db.effect_counts())
-                    and ("killed", "ct.record") in pg_db.effect_counts()
-                    and not (tmp_path / f"kill-{killed}").exists()
-                    and not (tmp_path / f"kill-{first}").exists()
-                ),
-                "every task to commit",
-            )
+            until(all_settled, "every task to commit or be dead-lettered")
             time.sleep(1)  # room for a second commit to show
         counts = pg_db.effect_counts()
         assert counts[("killed", "ct.record")] == 1
@@ -134,6 +160,11 @@ def test_a_prefork_worker_commits_each_task_once_whatever_celery_redelivers(
         [(previous, _)] = [key for key in counts if key[1] == "ct.after"]
         assert previous.startswith("first:"), "the chain went on with the stored value"
         assert counts[(previous, "ct.after")] == 1
+        assert ("bad", "ct.fragile") not in counts
+        [letter] = letters
+        assert letter["task"] == "ct.fragile"
+        assert letter["x-inbox-reason"] == "handler-failed"
+        assert letter["x-inbox-tries"] == 2
 
 
 def test_a_task_failed_for_good_is_a_dead_letter_that_replays_as_a_celery_task(

@@ -163,7 +163,7 @@ def test_a_worker_refuses_settings_that_break_exactly_once(db: Database) -> None
 
     worker = Worker()
     worker.app = app  # type: ignore[attr-defined]
-    with pytest.raises(SystemExit, match=r"inbox\.celery refuses to start the worker"):
+    with pytest.raises(SystemExit, match=r"inbox\.celery refuses to start the worker: inbox task"):
         tasks._check_worker(sender=worker)
     app.close()
 

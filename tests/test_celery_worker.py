@@ -216,3 +216,33 @@ def test_a_task_failed_for_good_is_a_dead_letter_that_replays_as_a_celery_task(
         with worker(AMQP_URL, queue, pg_db, tmp_path):
             until(lambda: pg_db.effect_counts() == {("bad", "ct.fragile"): 1}, "the replayed task")
         assert area.depth(f"{queue}.dlq") == 1  # the poison message stays
+
+
+def test_a_real_worker_refuses_to_start_with_one_line_per_setting_problem(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "refused_app.py").write_text(
+        "from celery import Celery\n"
+        "from sqlalchemy import create_engine\n"
+        "from sqlalchemy.orm import sessionmaker\n"
+        "from inbox import Inbox\n"
+        "from inbox.celery import InboxTasks\n"
+        "app = Celery('refused_app', broker='redis://127.0.0.1:6379/5')\n"
+        "app.conf.worker_prefetch_multiplier = 1\n"
+        "sessions = sessionmaker(create_engine('sqlite://'))\n"
+        "tasks = InboxTasks(app, Inbox(sessions), sessions)\n"
+        "@tasks.task(name='r.early', acks_late=False, time_limit=30)\n"
+        "def early(session): ...\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS.parent)])}
+    command = [sys.executable, "-m", "celery", "-A", "refused_app", "worker", "-c", "1"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("inbox.celery")]
+    assert lines == [
+        "inbox.celery refuses to start the worker: inbox task 'r.early': acks_late is off, so "
+        "a worker lost mid-task loses the task; fix: remove acks_late=False from the task "
+        "(or set task_acks_late=True)"
+    ]

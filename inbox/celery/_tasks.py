@@ -159,7 +159,9 @@ class InboxTasks:
         problems = self.problems()
         if problems:
             # SystemExit, because Celery logs and ignores what a signal receiver raises.
-            raise SystemExit("inbox.celery refuses to start the worker: " + "; ".join(problems))
+            raise SystemExit(
+                "\n".join(f"inbox.celery refuses to start the worker: {p}" for p in problems)
+            )
 
     def _after_fork(self, **_: Any) -> None:
         # SQLAlchemy's advice for pools across fork: the child starts with fresh pools and

@@ -71,8 +71,14 @@ def test_a_committed_send_task_runs_on_a_celery_worker_and_a_rolled_back_one_nev
         relay = make_relay(pg_db, area)
         try:
             assert relay.run_until_empty(timeout=30) == 2
+            # As a relay that crashed between the broker's confirm and the delete: the same
+            # task, under the same id, sent a second time.
+            with Session(pg_db.engine) as session, session.begin():
+                outbox.send_task(session, "ct.record", ["sent"], queue=queue, task_id=sent)
+            assert relay.run_until_empty(timeout=30) == 1
         finally:
             relay.close()
+        assert area.depth(queue) == 3
         with worker(AMQP_URL, queue, pg_db, tmp_path):
             until(lambda: len(pg_db.effect_counts()) == 2, "the two committed tasks")
         assert pg_db.effect_counts() == {("sent", "ct.record"): 1, ("later", "ct.record"): 1}

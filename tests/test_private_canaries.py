@@ -503,3 +503,36 @@ def test_an_aio_pika_delivery_reaches_frame_max_through_its_aiormq_channel() -> 
 
     assert asyncio.run(main()) == 4096
     assert aiormq.spec.Basic.Ack is commands.Basic.Ack  # what a confirmed publish returns
+
+
+def test_celery_as_task_v2_makes_the_protocol_2_layout_the_outbox_writes() -> None:
+    """inbox/celery/_transport.py rebuilds a dead letter with ``app.amqp.as_task_v2``;
+    inbox/outbox/_celery_task.py writes the same layout without Celery."""
+    import uuid as uuid_module
+
+    from celery import Celery
+
+    from inbox.outbox._celery_task import task_message
+
+    app = Celery("canary", set_as_current=False)
+    task_id = uuid_module.uuid4()
+    sent = app.amqp.as_task_v2(str(task_id), "t.name", args=(1,), kwargs={"a": 2})
+    ours = task_message(
+        task_id,
+        "t.name",
+        (1,),
+        {"a": 2},
+        eta=None,
+        expires=None,
+        time_limit=None,
+        soft_time_limit=None,
+    )
+    args, kwargs, embed = sent.body
+    assert (list(args), kwargs) == ([1], {"a": 2})
+    assert set(embed) == {"callbacks", "errbacks", "chain", "chord"}
+    assert sent.properties["correlation_id"] == str(task_id)
+    theirs = {k: v for k, v in sent.headers.items() if v is not None}
+    for name in ("lang", "task", "id", "root_id", "retries", "argsrepr", "kwargsrepr"):
+        assert ours.headers[name] == theirs[name], name
+    assert set(ours.headers) <= set(sent.headers)
+    app.close()

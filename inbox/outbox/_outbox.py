@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Table
 
 from inbox.errors import InvalidMessage
-from inbox.message import Message
+from inbox.message import Message, parse_message_id, uuid7
 from inbox.outbox._arguments import InvalidArgumentType, outgoing
+from inbox.outbox._celery_task import task_message
 from inbox.outbox._mapping import record_class, resolve_outbox_table
 from inbox.outbox._row import encoded_headers
 from inbox.outbox._session import joined_session
@@ -136,6 +137,67 @@ class Outbox:
             headers=message.headers,
             message_id=message.id,
         )
+
+    def send_task(
+        self,
+        session: Any,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        queue: str = "celery",
+        exchange: str = "",
+        task_id: uuid.UUID | str | None = None,
+        countdown: float | None = None,
+        eta: dt.datetime | None = None,
+        expires: float | dt.datetime | None = None,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
+    ) -> str:
+        """Send the Celery task ``name(*args, **kwargs)`` if and only if ``session``'s
+        transaction commits; return its task id.
+
+        The row holds the task message Celery's own producer would send (task protocol 2,
+        JSON): the relay publishes it to ``queue`` (through the default exchange, or
+        ``exchange`` with ``queue`` as the routing key) after the commit, and a Celery worker
+        consuming ``queue`` runs it. The task id is chosen now (``task_id``, default a new
+        UUIDv7) and is the message id too, so a relay that sends a row twice sends the same
+        task twice: an inbox task (:mod:`inbox.celery`) runs it once. ``countdown``
+        (seconds) or ``eta`` (an aware datetime) delay it; ``expires`` (seconds or an aware
+        datetime) drops it when late. Nothing of Celery is imported. Raises as
+        :meth:`publish` does; arguments must be JSON.
+        """
+        if countdown is not None and eta is not None:
+            raise InvalidArgumentType("give countdown or eta, not both")
+        now = dt.datetime.now(dt.UTC)
+        if countdown is not None:
+            eta = now + dt.timedelta(seconds=countdown)
+        if expires is not None and not isinstance(expires, dt.datetime):
+            expires = now + dt.timedelta(seconds=expires)
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentType(f"a task name must be a non-empty str, got {name!r}")
+        message_id = uuid7() if task_id is None else parse_message_id(task_id)
+        task = task_message(
+            message_id,
+            name,
+            args,
+            {} if kwargs is None else kwargs,
+            eta=eta,
+            expires=expires,
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+        )
+        self.publish(
+            session,
+            name,
+            task.body,
+            routing_key=queue,
+            exchange=exchange,
+            headers=task.headers,
+            message_id=message_id,
+            content_type="application/json",
+        )
+        return str(message_id)
 
     def __repr__(self) -> str:
         return f"Outbox(table={self.table.fullname!r})"

@@ -1,0 +1,110 @@
+"""Task return values, stored beside the claim in the task's own transaction.
+
+A redelivered inbox task whose claim is already taken does not run again; it returns what
+its first run returned, read from here, so a chain's next step or a chord's header gets the
+right value. Values are JSON (kombu's, which also round-trips datetimes, UUIDs and
+decimals); ``None`` is not stored (a missing row reads as ``None``), so tasks that return
+nothing cost no extra statement.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Final
+
+from kombu.utils.json import dumps, loads
+from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, Text, select
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import Session
+
+from inbox.errors import InboxError
+from inbox.schema import HANDLER_NAME_MAX_LENGTH, BinaryUUID, UTCDateTime
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_RESULT_TABLE_NAME",
+    "ResultTooLarge",
+    "load_result",
+    "result_metadata",
+    "store_result",
+    "task_result_table",
+]
+
+DEFAULT_RESULT_TABLE_NAME: Final = "inbox_task_result"
+DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024
+
+result_metadata = MetaData()
+"""The metadata holding :data:`task_result_table`: give it to ``create_all`` or to your
+alembic ``target_metadata`` (docs/celery.md, "The result table")."""
+
+task_result_table = Table(
+    DEFAULT_RESULT_TABLE_NAME,
+    result_metadata,
+    # The claim's 16-byte key and handler name (the task name): one row per claim.
+    Column("claim_key", BinaryUUID(), nullable=False),
+    Column(
+        "task",
+        String(HANDLER_NAME_MAX_LENGTH).with_variant(
+            mysql.VARCHAR(HANDLER_NAME_MAX_LENGTH, charset="utf8mb4", collation="utf8mb4_bin"),
+            "mysql",
+            "mariadb",
+        ),
+        nullable=False,
+    ),
+    Column(
+        "result",
+        Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb"),
+        nullable=False,
+    ),
+    Column("stored_at", UTCDateTime(), nullable=False),
+    PrimaryKeyConstraint("claim_key", "task"),
+)
+"""``inbox_task_result``: an inbox task's return value per (claim key, task name)."""
+
+
+class ResultTooLarge(InboxError, ValueError):
+    """An inbox task returned a value whose JSON is longer than the task's
+    ``max_result_bytes``: the task's transaction is rolled back (its claim with it)."""
+
+    def __init__(self, task: str, size: int, limit: int) -> None:
+        # The fields are the args, so Celery rebuilds it from a result backend as itself.
+        super().__init__(task, size, limit)
+        self.task = task
+        self.size = size
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return (
+            f"inbox task {self.task!r} returned {self.size} bytes of JSON, over "
+            f"max_result_bytes={self.limit}: return a smaller value (an id to look the rest "
+            "up), or raise the limit"
+        )
+
+
+def store_result(
+    session: Session, claim_key: bytes, task: str, value: object, max_bytes: int
+) -> None:
+    """Write ``value`` for the claim ``(claim_key, task)`` in ``session``'s transaction;
+    nothing for ``None``. Raises :class:`ResultTooLarge` past ``max_bytes`` and
+    ``TypeError`` for a value JSON cannot carry, both before anything is written."""
+    if value is None:
+        return
+    text = dumps(value)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ResultTooLarge(task, size, max_bytes)
+    session.execute(
+        task_result_table.insert().values(
+            claim_key=claim_key, task=task, result=text, stored_at=dt.datetime.now(dt.UTC)
+        )
+    )
+
+
+def load_result(session: Session, claim_key: bytes, task: str) -> Any:
+    """The value stored for the claim ``(claim_key, task)``, or ``None`` if none was."""
+    text = session.execute(
+        select(task_result_table.c.result).where(
+            task_result_table.c.claim_key == claim_key, task_result_table.c.task == task
+        )
+    ).scalar_one_or_none()
+    return None if text is None else loads(text)

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "public_api.py"
 
 # Public modules that may lack __all__ for now: inbox.delivery is being reshaped (issue 30,
@@ -61,3 +63,45 @@ def test_the_snapshot_lists_every_public_module_and_each_declares_all() -> None:
         if not hasattr(importlib.import_module(name), "__all__") and name not in WITHOUT_ALL_FOR_NOW
     ]
     assert not undeclared, f"public modules without __all__: {undeclared}"
+
+
+DEPRECATED = {
+    "inbox": ["HandlerFunc", "KeyFunc", "RegisteredHandler"],
+    "inbox.aio": ["AsyncHandlerFunc"],
+    "inbox.outbox": ["row_values", "headers_to_json", "resolve_outbox_table"],
+    "inbox.partitioning": [
+        "DEFAULT_DAYS_AHEAD",
+        "DEFAULT_HOLD_SECONDS",
+        "DEFAULT_LOCK_TIMEOUT",
+        "MAX_TABLE_NAME_LENGTH",
+        "KEYS_BOUND",
+    ],
+    "inbox.retention": ["MAX_CLEANUP_BATCH_SIZE", "cutoff_for"],
+    "inbox.testing": ["DATABASE_URL_ENV", "throwaway_database"],
+}
+
+
+def test_a_name_that_left_the_public_api_still_works_for_a_release_with_a_warning() -> None:
+    for module_name, names in DEPRECATED.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            assert name not in module.__all__
+            with pytest.warns(DeprecationWarning, match=rf"{module_name}\.{name} is deprecated"):
+                value = getattr(module, name)
+            assert value is not None
+    with pytest.raises(AttributeError, match="no attribute 'Nonexistent'"):
+        importlib.import_module("inbox.partitioning").Nonexistent  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'Nonexistent'"):
+        importlib.import_module("inbox.testing").Nonexistent  # noqa: B018
+
+
+def test_the_changelog_names_every_deprecated_name() -> None:
+    changelog = (TOOL.parent.parent / "CHANGELOG.md").read_text()
+    unreleased = changelog.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    unnamed = [
+        f"{module}.{name}"
+        for module, names in DEPRECATED.items()
+        for name in names
+        if f"{module}.{name}" not in unreleased
+    ]
+    assert not unnamed, f"CHANGELOG.md (Unreleased) does not name: {unnamed}"

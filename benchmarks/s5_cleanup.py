@@ -84,7 +84,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import CleanupReport, Inbox, Message, cleanup
 from inbox.partitioning import create_partitioned_table, list_partitions
-from inbox.retention import cutoff_for
+from inbox.retention._purge import cutoff_for
 from inbox.schema import inbox_message
 
 SCENARIO = "S5"

@@ -5,8 +5,8 @@ Register handlers with ``@inbox.handler``, then call ``inbox.process(message)`` 
 delivery: each (message, handler) pair commits its database effects once and only once.
 """
 
+from inbox._deprecated import deprecated_names
 from inbox.core import Inbox
-from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler
 from inbox.core.effects._identity import EffectMode
 from inbox.errors import (
     ClaimCommittedEarly,
@@ -43,20 +43,17 @@ __all__ = [
     "EffectError",
     "EffectMode",
     "HandlerFailed",
-    "HandlerFunc",
     "HandlerInterrupted",
     "Inbox",
     "InboxError",
     "InvalidBody",
     "InvalidKey",
     "InvalidMessage",
-    "KeyFunc",
     "Message",
     "Outbox",
     "Outcome",
     "ProcessResult",
     "PublishError",
-    "RegisteredHandler",
     "RegistrationError",
     "SessionConfigurationError",
     "TransactionControlError",
@@ -68,3 +65,11 @@ __all__ = [
     "cleanup",
     "uuid7",
 ]
+
+_INTERNAL = "the handler records' types are internal (annotate handlers with Message and Session)"
+__getattr__ = deprecated_names(
+    __name__,
+    dict.fromkeys(
+        ("HandlerFunc", "KeyFunc", "RegisteredHandler"), ("inbox.core._handlers", _INTERNAL)
+    ),
+)

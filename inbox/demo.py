@@ -5,5 +5,7 @@ import sys
 
 from inbox._examples import run_example
 
+__all__: list[str] = []  # run as a program: no names to import
+
 if __name__ == "__main__":
     sys.exit(run_example("demo.py"))

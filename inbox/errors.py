@@ -9,6 +9,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from inbox.result import ProcessResult
 
+__all__ = [
+    "ClaimCommittedEarly",
+    "ConfigurationError",
+    "CopyRefused",
+    "EffectError",
+    "HandlerFailed",
+    "HandlerInterrupted",
+    "InboxError",
+    "InvalidBody",
+    "InvalidKey",
+    "InvalidMessage",
+    "PublishError",
+    "RegistrationError",
+    "SessionConfigurationError",
+    "TransactionControlError",
+    "UncertainEffect",
+    "UndecodableBody",
+    "UnhandledMessage",
+    "UnsupportedDialect",
+]
+
 
 class InboxError(Exception):
     """Root of every exception raised by the inbox library."""

@@ -32,14 +32,9 @@ from sqlalchemy.types import TypeDecorator
 
 from inbox.errors import ConfigurationError
 
+# The public names. The default names, column types, limits and resolvers below are the
+# package's own (the constructors' defaults say the names); they are not in __all__.
 __all__ = [
-    "DEFAULT_EFFECT_TABLE_NAME",
-    "DEFAULT_OUTBOX_TABLE_NAME",
-    "DEFAULT_TABLE_NAME",
-    "HANDLER_NAME_MAX_LENGTH",
-    "OUTBOX_NOTIFY_CHANNEL",
-    "BinaryUUID",
-    "UTCDateTime",
     "effect_table",
     "inbox_effect",
     "inbox_message",
@@ -48,9 +43,6 @@ __all__ = [
     "outbox_message",
     "outbox_table",
     "processed_at_index_name",
-    "resolve_effect_table",
-    "resolve_outbox_table",
-    "resolve_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "inbox_message"

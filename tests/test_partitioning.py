@@ -34,7 +34,6 @@ from inbox import CleanupReport, Inbox, Message, Outcome, cleanup
 from inbox.errors import UnsupportedDialect
 from inbox.message import key_bytes
 from inbox.partitioning import (
-    KEYS_BOUND,
     Partition,
     PartitionLayoutError,
     create_partitioned_table,
@@ -45,6 +44,7 @@ from inbox.partitioning import (
     list_partitions,
     skip_partitions,
 )
+from inbox.partitioning._ids import KEYS_BOUND
 from inbox.retention.cli import cleanup_main
 from inbox.schema import inbox_message, metadata
 

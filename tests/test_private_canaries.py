@@ -381,6 +381,28 @@ def test_consumer_mixin_enters_the_overridable_establish_connection_and_calls_th
     assert ConsumerMixin.connect_max_retries is None  # what Worker.establish_connection passes
 
 
+# --- SQLAlchemy: create_engine(isolation_level=) as the dialect keeps it --------------------
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "postgresql+psycopg://u@127.0.0.1:1/x"])
+def test_create_engine_isolation_level_is_kept_on_the_dialect_where_the_outbox_reads_it(
+    url: str,
+) -> None:
+    # SQLAlchemy has no public way to read create_engine(isolation_level=...) before a
+    # connection exists (Dialect.default_isolation_level is the server's, after connecting),
+    # so the outbox's check at publish time reads the private attribute (outbox/_session.py).
+    from sqlalchemy import create_engine
+
+    from inbox.outbox._session import _engine_autocommits
+
+    autocommit = create_engine(url, isolation_level="AUTOCOMMIT")
+    plain = create_engine(url)
+    assert autocommit.dialect._on_connect_isolation_level == "AUTOCOMMIT"
+    assert plain.dialect._on_connect_isolation_level is None
+    assert _engine_autocommits(autocommit)
+    assert not _engine_autocommits(plain)
+
+
 # --- OpenTelemetry: the meter API's proxy, told by class name -----------------------------
 
 

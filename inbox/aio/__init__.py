@@ -8,6 +8,17 @@ Needs the ``aio`` extra (``pip install 'sqlalchemy-inbox[aio]'``): SQLAlchemy's 
 and the async drivers the inbox is tested on (psycopg, asyncpg, aiosqlite, asyncmy).
 """
 
-from inbox.aio._inbox import AsyncHandlerFunc, AsyncInbox
+from inbox._deprecated import deprecated_names
+from inbox.aio._inbox import AsyncInbox
 
-__all__ = ["AsyncHandlerFunc", "AsyncInbox"]
+__all__ = ["AsyncInbox"]
+
+__getattr__ = deprecated_names(
+    __name__,
+    {
+        "AsyncHandlerFunc": (
+            "inbox.aio._inbox",
+            "annotate async handlers with Message and AsyncSession",
+        )
+    },
+)

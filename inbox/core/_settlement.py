@@ -92,13 +92,6 @@ class Settlement:
     def __post_init__(self) -> None:
         self.watch = watch(self.message)
 
-    def running(self, handler: str) -> AbstractContextManager[None]:
-        """Around ``handler``'s run, retries included: with tracing, its span is the
-        current one (see :meth:`inbox.telemetry._core.MessageWatch.running`)."""
-        if self.watch is None:
-            return _UNWATCHED
-        return self.watch.running(handler)
-
     def done(self, handler: str, outcome: Outcome) -> None:
         """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
         self.outcomes[handler] = outcome

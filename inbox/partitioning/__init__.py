@@ -6,34 +6,22 @@ partitioned table must contain the partition key, so a key always maps to one pa
 the primary key stays the duplicate guard for the whole table. UUIDv7 ids start with their
 millisecond timestamp, so a range of ids is a range of time. The layout of a table ``T``:
 ``T_before`` (DEFAULT: older ids and the ranges of dropped days), ``T_pYYYYMMDD`` (one per
-day), ``T_future`` (up to :data:`KEYS_BOUND`, in 2074) and ``T_keys`` (above it: most
+day), ``T_future`` (up to the first id of 2074) and ``T_keys`` (above it: most
 business keys). Maintenance is :func:`ensure_partitions` and :func:`inbox.cleanup`;
 ``inbox-cleanup`` runs both.
 
 The names are published here; the code is in the modules of this package.
 """
 
+from inbox._deprecated import deprecated_names
 from inbox.partitioning._autogenerate import skip_partitions
 from inbox.partitioning._catalog import is_partitioned, list_partitions
 from inbox.partitioning._create import create_partitioned_table, ensure_partitions
 from inbox.partitioning._drop import DroppedPartitions, drop_detached_leftovers, drop_partitions
-from inbox.partitioning._ids import KEYS_BOUND, id_floor
-from inbox.partitioning._layout import (
-    DEFAULT_DAYS_AHEAD,
-    DEFAULT_HOLD_SECONDS,
-    DEFAULT_LOCK_TIMEOUT,
-    MAX_TABLE_NAME_LENGTH,
-    Partition,
-    PartitionLayoutError,
-    partition_table,
-)
+from inbox.partitioning._ids import id_floor
+from inbox.partitioning._layout import Partition, PartitionLayoutError, partition_table
 
 __all__ = [
-    "DEFAULT_DAYS_AHEAD",
-    "DEFAULT_HOLD_SECONDS",
-    "DEFAULT_LOCK_TIMEOUT",
-    "KEYS_BOUND",
-    "MAX_TABLE_NAME_LENGTH",
     "DroppedPartitions",
     "Partition",
     "PartitionLayoutError",
@@ -47,3 +35,21 @@ __all__ = [
     "partition_table",
     "skip_partitions",
 ]
+
+_DEFAULTS = "the defaults are the functions' own (see their signatures)"
+__getattr__ = deprecated_names(
+    __name__,
+    {
+        "DEFAULT_DAYS_AHEAD": ("inbox.partitioning._layout", _DEFAULTS),
+        "DEFAULT_HOLD_SECONDS": ("inbox.partitioning._layout", _DEFAULTS),
+        "DEFAULT_LOCK_TIMEOUT": ("inbox.partitioning._layout", _DEFAULTS),
+        "MAX_TABLE_NAME_LENGTH": (
+            "inbox.partitioning._layout",
+            "the layout's checks refuse longer names",
+        ),
+        "KEYS_BOUND": (
+            "inbox.partitioning._ids",
+            "list_partitions() gives each partition's bounds",
+        ),
+    },
+)

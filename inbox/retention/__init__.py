@@ -6,6 +6,21 @@ PostgreSQL table are published by :mod:`inbox.partitioning`; ``inbox-cleanup`` i
 internal. See docs/operations.md.
 """
 
-from inbox.retention._purge import MAX_CLEANUP_BATCH_SIZE, CleanupReport, cleanup, cutoff_for
+from inbox._deprecated import deprecated_names
+from inbox.retention._purge import CleanupReport, cleanup
 
-__all__ = ["MAX_CLEANUP_BATCH_SIZE", "CleanupReport", "cleanup", "cutoff_for"]
+__all__ = ["CleanupReport", "cleanup"]
+
+__getattr__ = deprecated_names(
+    __name__,
+    {
+        "MAX_CLEANUP_BATCH_SIZE": (
+            "inbox.retention._purge",
+            "cleanup() refuses a larger batch_size",
+        ),
+        "cutoff_for": (
+            "inbox.retention._purge",
+            "CleanupReport.cutoff is the cutoff cleanup() used",
+        ),
+    },
+)

@@ -3,8 +3,8 @@
 The plugin (``inbox.testing.plugin``, loaded by pytest through the ``pytest11`` entry point)
 provides the ``inbox_*`` fixtures; this package holds what tests call directly:
 :func:`assert_idempotent`, :class:`FakeProvider` for ``inbox.effect``, :class:`WorkerHarness`
-(the worker on kombu's in-memory broker), :func:`throwaway_database`, and
-:func:`failing_after` to make a handler fail once it ran. See docs/testing.md.
+(the worker on kombu's in-memory broker), and :func:`failing_after` to make a handler fail
+once it ran. See docs/testing.md.
 
 Names are imported when first used, so loading the plugin costs nothing more than
 ``import inbox``.
@@ -15,15 +15,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from inbox._deprecated import deprecated_names
+
 if TYPE_CHECKING:
-    from inbox.testing._databases import DATABASE_URL_ENV, ThrowawayDatabase, throwaway_database
+    from inbox.testing._databases import ThrowawayDatabase
     from inbox.testing._scenarios import InjectedFailure, SimulatedCrash, failing_after
     from inbox.testing.asserts import NotIdempotent, assert_idempotent, assert_idempotent_async
     from inbox.testing.fakes import FakeProvider, FakeProviderError
     from inbox.testing.harness import DeadLetterCopy, WorkerHarness
 
 __all__ = [
-    "DATABASE_URL_ENV",
     "DeadLetterCopy",
     "FakeProvider",
     "FakeProviderError",
@@ -35,13 +36,10 @@ __all__ = [
     "assert_idempotent",
     "assert_idempotent_async",
     "failing_after",
-    "throwaway_database",
 ]
 
 _HOMES = {
-    "DATABASE_URL_ENV": "inbox.testing._databases",
     "ThrowawayDatabase": "inbox.testing._databases",
-    "throwaway_database": "inbox.testing._databases",
     "NotIdempotent": "inbox.testing.asserts",
     "assert_idempotent": "inbox.testing.asserts",
     "assert_idempotent_async": "inbox.testing.asserts",
@@ -55,8 +53,18 @@ _HOMES = {
 }
 
 
+_FIXTURES = "use the inbox_database fixture (or --inbox-database-url)"
+_deprecated = deprecated_names(
+    __name__,
+    {
+        "DATABASE_URL_ENV": ("inbox.testing._databases", _FIXTURES),
+        "throwaway_database": ("inbox.testing._databases", _FIXTURES),
+    },
+)
+
+
 def __getattr__(name: str) -> object:
     home = _HOMES.get(name)
     if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _deprecated(name)
     return getattr(importlib.import_module(home), name)

@@ -30,7 +30,19 @@ if TYPE_CHECKING:
     from inbox.testing.fakes import FakeProvider
     from inbox.testing.harness import WorkerHarness
 
-_ENV = "INBOX_TESTING_DATABASE_URL"  # inbox.testing.DATABASE_URL_ENV, without importing it
+__all__ = [
+    "inbox_app_metadata",
+    "inbox_database",
+    "inbox_database_url",
+    "inbox_effect_store",
+    "inbox_engine",
+    "inbox_fake_provider",
+    "inbox_sessions",
+    "inbox_worker_harness",
+    "pytest_addoption",
+]
+
+_ENV = "INBOX_TESTING_DATABASE_URL"  # _databases.DATABASE_URL_ENV, without importing it
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

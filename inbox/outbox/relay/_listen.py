@@ -40,11 +40,6 @@ class Wakeup:
         self._payload: str | None = None
         self._next_try = 0.0
 
-    @property
-    def listening(self) -> bool:
-        """True while a ``LISTEN`` connection is open."""
-        return self._connection is not None
-
     def open(self) -> None:
         """Start listening, before the first look at the table: a row committed after that
         look is then always notified."""

@@ -206,6 +206,7 @@ def test_import_inbox_loads_no_kombu_and_publish_error_still_imports_from_the_co
 # dead-letter tooling (a queue's messages against the inbox's claims) and the test harness that
 # runs a real Worker on mem:// for users' tests.
 BRIDGES = (
+    "celery/",  # Celery tasks (kombu underneath) run in the inbox's handler transaction
     "outbox/relay/",
     "operations/_dead_letters.py",
     "operations/_dead_letter_age.py",

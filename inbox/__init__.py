@@ -5,6 +5,8 @@ Register handlers with ``@inbox.handler``, then call ``inbox.process(message)`` 
 delivery: each (message, handler) pair commits its database effects once and only once.
 """
 
+from typing import TYPE_CHECKING
+
 from inbox._deprecated import deprecated_names
 from inbox.core import Inbox
 from inbox.core.effects._identity import EffectMode
@@ -67,9 +69,12 @@ __all__ = [
 ]
 
 _INTERNAL = "the handler records' types are internal (annotate handlers with Message and Session)"
-__getattr__ = deprecated_names(
-    __name__,
-    dict.fromkeys(
-        ("HandlerFunc", "KeyFunc", "RegisteredHandler"), ("inbox.core._handlers", _INTERNAL)
-    ),
-)
+# Hidden from type checkers: a module __getattr__ would make mypy accept any attribute of this
+# module (a typo included); a deprecated name is then a type error, which is what it should be.
+if not TYPE_CHECKING:
+    __getattr__ = deprecated_names(
+        __name__,
+        dict.fromkeys(
+            ("HandlerFunc", "KeyFunc", "RegisteredHandler"), ("inbox.core._handlers", _INTERNAL)
+        ),
+    )

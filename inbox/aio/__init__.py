@@ -8,17 +8,22 @@ Needs the ``aio`` extra (``pip install 'sqlalchemy-inbox[aio]'``): SQLAlchemy's 
 and the async drivers the inbox is tested on (psycopg, asyncpg, aiosqlite, asyncmy).
 """
 
+from typing import TYPE_CHECKING
+
 from inbox._deprecated import deprecated_names
 from inbox.aio._inbox import AsyncInbox
 
 __all__ = ["AsyncInbox"]
 
-__getattr__ = deprecated_names(
-    __name__,
-    {
-        "AsyncHandlerFunc": (
-            "inbox.aio._inbox",
-            "annotate async handlers with Message and AsyncSession",
-        )
-    },
-)
+# Hidden from type checkers: a module __getattr__ would make mypy accept any attribute of this
+# module (a typo included); a deprecated name is then a type error, which is what it should be.
+if not TYPE_CHECKING:
+    __getattr__ = deprecated_names(
+        __name__,
+        {
+            "AsyncHandlerFunc": (
+                "inbox.aio._inbox",
+                "annotate async handlers with Message and AsyncSession",
+            )
+        },
+    )

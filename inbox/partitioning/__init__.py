@@ -13,6 +13,8 @@ business keys). Maintenance is :func:`ensure_partitions` and :func:`inbox.cleanu
 The names are published here; the code is in the modules of this package.
 """
 
+from typing import TYPE_CHECKING
+
 from inbox._deprecated import deprecated_names
 from inbox.partitioning._autogenerate import skip_partitions
 from inbox.partitioning._catalog import is_partitioned, list_partitions
@@ -37,19 +39,22 @@ __all__ = [
 ]
 
 _DEFAULTS = "the defaults are the functions' own (see their signatures)"
-__getattr__ = deprecated_names(
-    __name__,
-    {
-        "DEFAULT_DAYS_AHEAD": ("inbox.partitioning._layout", _DEFAULTS),
-        "DEFAULT_HOLD_SECONDS": ("inbox.partitioning._layout", _DEFAULTS),
-        "DEFAULT_LOCK_TIMEOUT": ("inbox.partitioning._layout", _DEFAULTS),
-        "MAX_TABLE_NAME_LENGTH": (
-            "inbox.partitioning._layout",
-            "the layout's checks refuse longer names",
-        ),
-        "KEYS_BOUND": (
-            "inbox.partitioning._ids",
-            "list_partitions() gives each partition's bounds",
-        ),
-    },
-)
+# Hidden from type checkers: a module __getattr__ would make mypy accept any attribute of this
+# module (a typo included); a deprecated name is then a type error, which is what it should be.
+if not TYPE_CHECKING:
+    __getattr__ = deprecated_names(
+        __name__,
+        {
+            "DEFAULT_DAYS_AHEAD": ("inbox.partitioning._layout", _DEFAULTS),
+            "DEFAULT_HOLD_SECONDS": ("inbox.partitioning._layout", _DEFAULTS),
+            "DEFAULT_LOCK_TIMEOUT": ("inbox.partitioning._layout", _DEFAULTS),
+            "MAX_TABLE_NAME_LENGTH": (
+                "inbox.partitioning._layout",
+                "the layout's checks refuse longer names",
+            ),
+            "KEYS_BOUND": (
+                "inbox.partitioning._ids",
+                "list_partitions() gives each partition's bounds",
+            ),
+        },
+    )

@@ -6,21 +6,26 @@ PostgreSQL table are published by :mod:`inbox.partitioning`; ``inbox-cleanup`` i
 internal. See docs/operations.md.
 """
 
+from typing import TYPE_CHECKING
+
 from inbox._deprecated import deprecated_names
 from inbox.retention._purge import CleanupReport, cleanup
 
 __all__ = ["CleanupReport", "cleanup"]
 
-__getattr__ = deprecated_names(
-    __name__,
-    {
-        "MAX_CLEANUP_BATCH_SIZE": (
-            "inbox.retention._purge",
-            "cleanup() refuses a larger batch_size",
-        ),
-        "cutoff_for": (
-            "inbox.retention._purge",
-            "CleanupReport.cutoff is the cutoff cleanup() used",
-        ),
-    },
-)
+# Hidden from type checkers: a module __getattr__ would make mypy accept any attribute of this
+# module (a typo included); a deprecated name is then a type error, which is what it should be.
+if not TYPE_CHECKING:
+    __getattr__ = deprecated_names(
+        __name__,
+        {
+            "MAX_CLEANUP_BATCH_SIZE": (
+                "inbox.retention._purge",
+                "cleanup() refuses a larger batch_size",
+            ),
+            "cutoff_for": (
+                "inbox.retention._purge",
+                "CleanupReport.cutoff is the cutoff cleanup() used",
+            ),
+        },
+    )

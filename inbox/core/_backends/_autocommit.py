@@ -1,5 +1,7 @@
 """Whether a connection commits every statement itself: read client-side, per driver.
 
+Each family reads its driver's own flag (``Family.autocommits``).
+
 A connection in autocommit mode would commit the claim on its own, so a failing handler
 would leave it behind and its message would never run again: the handler transaction
 refuses one before the first claim, and a handler that switches to it (MySQL's
@@ -12,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from inbox.core._backends._family import families
 from inbox.errors import SessionConfigurationError
 
 __all__ = ["autocommits", "refuse_autocommit"]
@@ -34,12 +37,4 @@ def autocommits(connection: Connection) -> bool:
     driver: Any = connection.connection.dbapi_connection
     if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
         return True
-    dialect = connection.dialect.name
-    if dialect == "sqlite":
-        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
-        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
-        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
-    if dialect in ("mysql", "mariadb"):
-        get_autocommit = getattr(driver, "get_autocommit", None)
-        return bool(get_autocommit()) if callable(get_autocommit) else False
-    return False
+    return families[type(connection.dialect)].autocommits(driver)

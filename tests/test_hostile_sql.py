@@ -137,32 +137,13 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
             "text(\"SELECT count(*) FROM sqlite_master WHERE name = 's",
             "text('DELETE FROM sqlite_sequence WHERE name = :name')",
         ],
-        "admin/_status.py": [
-            "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
-            "text('SELECT coalesce(sum(data_length + index_length), 0",
-        ],
-        "outbox/relay/_rows.py": [
-            "text('SET TRANSACTION ISOLATION LEVEL READ COMMITTED')",
-        ],
-        "retention/_batches.py": [
-            "literal_column('rowid')",
-        ],
         "retention/_pg_walk.py": [
             "literal_column('ctid')",
-        ],
-        "retention/_targets.py": [
-            'text("SELECT DISTINCT table_schema FROM information_sche',
-            'text("SELECT DISTINCT n.nspname FROM pg_catalog.pg_class',
         ],
         "schema.py": [
             'DDL("CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
             'DDL("CREATE OR REPLACE FUNCTION inbox_outbox_notify() RE',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
-        ],
-        "testing/_snapshot.py": [
-            "text(\"SELECT count(*) FROM sqlite_master WHERE name = 's",
-            "DDL('ALTER TABLE %(fullname)s AUTO_INCREMENT = 1')",
-            "text('DELETE FROM sqlite_sequence WHERE name = :name')",
         ],
     }

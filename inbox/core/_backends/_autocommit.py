@@ -1,6 +1,7 @@
 """Whether a connection commits every statement itself: read client-side, per driver.
 
-Each family reads its driver's own flag (``Family.autocommits``).
+Where the driver keeps more than an ``autocommit`` attribute, its family says where
+(``Family.autocommit_getter``, ``autocommits_without_isolation_level``).
 
 A connection in autocommit mode would commit the claim on its own, so a failing handler
 would leave it behind and its message would never run again: the handler transaction
@@ -37,4 +38,10 @@ def autocommits(connection: Connection) -> bool:
     driver: Any = connection.connection.dbapi_connection
     if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
         return True
-    return families[type(connection.dialect)].autocommits(driver)
+    family = families[type(connection.dialect)]
+    if family.autocommit_getter is not None:
+        get_autocommit = getattr(driver, family.autocommit_getter, None)
+        return bool(get_autocommit()) if callable(get_autocommit) else False
+    if family.autocommits_without_isolation_level:
+        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
+    return False

@@ -77,10 +77,14 @@ class Family:
         family whose insert reports a duplicate as an error)."""
         return False
 
-    def autocommits(self, driver_connection: object) -> bool:
-        """Whether the driver connection commits every statement itself, read client-side
-        (beyond the ``autocommit`` attribute every driver that has one sets)."""
-        return False
+    autocommit_getter: str | None = None
+    """The driver connection's method that says whether it is in autocommit mode (a
+    handler's ``SET autocommit=1`` shows there), beyond the ``autocommit`` attribute every
+    driver that has one sets. Data, not a method: the handler transaction reads it per
+    message, without a call of its own."""
+    autocommits_without_isolation_level: bool = False
+    """A driver connection with ``isolation_level`` None and no transaction open commits
+    every statement itself (sqlite3)."""
 
     # -- errors: a driver's exception (``DBAPIError.orig``) classified -------------------
 

@@ -81,11 +81,8 @@ class MySQLFamily(Family):
             and "PRIMARY'" in args[-1]
         )
 
-    def autocommits(self, driver_connection: object) -> bool:
-        """PyMySQL's and asyncmy's ``get_autocommit()`` (a handler's ``SET autocommit=1``
-        shows there)."""
-        get_autocommit = getattr(driver_connection, "get_autocommit", None)
-        return bool(get_autocommit()) if callable(get_autocommit) else False
+    # PyMySQL's and asyncmy's (a handler's SET autocommit=1 shows there).
+    autocommit_getter = "get_autocommit"
 
     def is_transient(self, orig: BaseException | None) -> bool:
         """Deadlock, lock wait timeout, record changed since last read."""

@@ -64,11 +64,9 @@ class SQLiteFamily(Family):
             )
         return ClaimStatements(one, True, many)
 
-    def autocommits(self, driver_connection: object) -> bool:
-        """isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
-        "begin" listener that emits BEGIN itself: then a transaction is open by now."""
-        driver: Any = driver_connection
-        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
+    # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a "begin"
+    # listener that emits BEGIN itself: then a transaction is open by now.
+    autocommits_without_isolation_level = True
 
     def is_transient(self, orig: BaseException | None) -> bool:
         """SQLITE_BUSY and SQLITE_LOCKED (extended codes included)."""

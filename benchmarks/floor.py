@@ -10,7 +10,7 @@ gives the median µs per message and each variant's difference to the raw driver
 * ``raw``: psycopg alone, ``BEGIN; INSERT; COMMIT`` (the BEGIN psycopg's own);
 * ``raw + claim, own round trip``: the prepared claim as a statement of its own;
 * ``raw + claim, pipelined``: ``BEGIN`` and the prepared claim in one round trip on the libpq
-  connection, as the inbox sends them (``inbox/core/_backends/_libpq.py``);
+  connection, as the inbox sends them (``inbox/core/_backends/postgresql/_libpq.py``);
 * ``core + claim``: SQLAlchemy Core, ``engine.begin()``, the claim then the insert;
 * ``session``: the plain ORM ``Session`` transaction (what S1 calls plain-1);
 * ``inbox``: ``Inbox.process`` with the same one-row handler;
@@ -38,9 +38,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outcome
 from inbox.core._backends import Claims
-from inbox.core._backends._libpq import ClaimText, begin_and_claim
-from inbox.core._backends._psycopg import PsycopgBackend
 from inbox.core._backends._waits import drive
+from inbox.core._backends.postgresql import FAMILY as POSTGRESQL
+from inbox.core._backends.postgresql._libpq import ClaimText, begin_and_claim
+from inbox.core._backends.postgresql._psycopg import PsycopgBackend
 from inbox.schema import inbox_message
 
 VARIANTS = (
@@ -110,7 +111,7 @@ def measure(
             "processed_at": dt.datetime.now(dt.UTC),
         }
 
-    claim_pyformat = str(claims.marked_claim.compile(dialect=engine.dialect))
+    claim_pyformat = str(claims.statements(POSTGRESQL).one.compile(dialect=engine.dialect))
 
     def raw_plain() -> None:
         cursor.execute(insert_row, params())
@@ -138,7 +139,7 @@ def measure(
 
     def core() -> None:
         with engine.begin() as connection:
-            connection.execute(claims.marked_claim, claim_params())
+            connection.execute(claims.statements(POSTGRESQL).one, claim_params())
             connection.execute(INSERT_ORDER, params())
 
     def session() -> None:

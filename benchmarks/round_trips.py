@@ -58,7 +58,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outbox, Outcome
 from inbox.aio import AsyncInbox
-from inbox.core._backends._psycopg import OPTION as SHARING_OPTION
+from inbox.core._backends.postgresql._psycopg import OPTION as SHARING_OPTION
 from inbox.testing.round_trips import RoundTripCounter
 
 SCENARIO = "ROUND_TRIPS"

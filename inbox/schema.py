@@ -25,11 +25,11 @@ from sqlalchemy import (
     Text,
     event,
 )
-from sqlalchemy.dialects import mysql
 from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeDecorator
 
+from inbox.core._backends import families, family_of, with_family_types
 from inbox.errors import ConfigurationError
 
 # The public names. The default names, column types, limits and resolvers below are the
@@ -62,7 +62,7 @@ class BinaryUUID(TypeDecorator[uuid.UUID]):
     Binds a :class:`uuid.UUID` or exactly 16 bytes (a derived business key); reads a UUID.
     """
 
-    impl = LargeBinary(16).with_variant(mysql.BINARY(16), "mysql", "mariadb")
+    impl = with_family_types(LargeBinary(16), "key")
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> bytes | None:
@@ -87,7 +87,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     bind: guessing their zone is how retention windows silently shift by hours.
     """
 
-    impl = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    impl = with_family_types(DateTime(timezone=True), "instant")
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> dt.datetime | None:
@@ -97,7 +97,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if not isinstance(value, dt.datetime) or value.tzinfo is None:
             raise ConfigurationError("UTCDateTime binds a timezone-aware datetime")
         utc: dt.datetime = value.astimezone(dt.UTC)
-        return utc if dialect.name == "postgresql" else utc.replace(tzinfo=None)
+        # A subscript, no call: this runs for every timestamp bound.
+        return utc if families[type(dialect)].keeps_time_zones else utc.replace(tzinfo=None)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
         """Return the stored time as an aware UTC datetime."""
@@ -122,14 +123,12 @@ def _handler_name_type() -> String:
 
 def _long_text() -> Text:
     # MySQL's TEXT stops at 64 KiB; an error text or a stored result may be longer.
-    return Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb")
+    return with_family_types(Text(), "long_text")
 
 
 def _text(length: int) -> String:
     # Whatever the server's default character set, any Unicode text fits.
-    return String(length).with_variant(
-        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
-    )
+    return with_family_types(String(length), "text", length)
 
 
 def _check_identifiers(what: str, name: str, schema: str | None) -> None:
@@ -199,7 +198,7 @@ def outbox_table(
         Column("headers", _long_text(), nullable=False),
         Column(
             "body",
-            LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb"),
+            with_family_types(LargeBinary(), "blob"),
             nullable=False,
         ),
         Column("created_at", UTCDateTime(), nullable=False),
@@ -228,7 +227,7 @@ def _in_named_schema(
     dialect: Dialect,
     **kw: Any,
 ) -> bool:
-    if dialect.name != "postgresql" or not isinstance(target, Table):
+    if not family_of(dialect).notifies or not isinstance(target, Table):
         return False
     translate = (bind.get_execution_options() if bind is not None else {}).get(
         "schema_translate_map"
@@ -247,7 +246,7 @@ def _on_search_path(
     **kw: Any,
 ) -> bool:
     named = _in_named_schema(ddl, target, bind, tables, state, dialect=dialect)
-    return dialect.name == "postgresql" and not named
+    return family_of(dialect).notifies and not named
 
 
 _NOTIFY_DDL: Final = (

@@ -34,7 +34,7 @@ BUDGETS: dict[str, tuple[float, dict[str, int]]] = {
     "blocking/first": (0, {"2.0": 127, "2.1": 127}),
     "blocking/duplicate": (-1, {"2.0": -65, "2.1": -68}),
     "blocking/batch": (0.02, {"2.0": 91, "2.1": 82}),
-    "blocking/effect": (2, {"2.0": 1248, "2.1": 883}),
+    "blocking/effect": (2, {"2.0": 1202, "2.1": 814}),
     "blocking/outbox": (0, {"2.0": 126, "2.1": 126}),
     "blocking/middleware": (0, {"2.0": 130, "2.1": 130}),
     "blocking/tenant": (0, {"2.0": 140, "2.1": 140}),

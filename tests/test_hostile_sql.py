@@ -111,45 +111,39 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
     # identifiers; values are always bound parameters.
     # Each call by its first 56 characters: enough to tell them apart.
     assert {path: [call[:56] for call in calls] for path, calls in found.items()} == {
-        "core/_backends/_claims.py": [
+        "core/_backends/postgresql/_claims.py": [
             # the marker the PostgreSQL claim sets: constants
             "literal_column(\"'on'\")",
             "literal_column(\"'default_transaction_read_only'\")",
             "literal_column(\"'on'\")",
             "literal_column('true')",
         ],
-        "core/effects/_ledger.py": [
-            "exec_driver_sql('SELECT @@max_allowed_packet')",  # MySQL/MariaDB: a constant
+        "core/_backends/postgresql/_family.py": [
+            "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
+            'text("SELECT DISTINCT n.nspname FROM pg_catalog.pg_class',
         ],
-        "core/_backends/_mysql.py": [
+        "core/_backends/mysql/_backend.py": [
             "exec_driver_sql('UNLOCK TABLES')",
         ],
-        "operations/_status.py": [
-            "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
+        "core/_backends/mysql/_family.py": [
             "text('SELECT coalesce(sum(data_length + index_length), 0",
-        ],
-        "outbox/relay/_rows.py": [
+            'text("SELECT DISTINCT table_schema FROM information_sche',
             "text('SET TRANSACTION ISOLATION LEVEL READ COMMITTED')",
+            "DDL('ALTER TABLE %(fullname)s AUTO_INCREMENT = 1')",
+            "exec_driver_sql('SELECT @@max_allowed_packet')",  # a constant
         ],
-        "retention/_batches.py": [
+        "core/_backends/sqlite/_family.py": [
             "literal_column('rowid')",
+            "text(\"SELECT count(*) FROM sqlite_master WHERE name = 's",
+            "text('DELETE FROM sqlite_sequence WHERE name = :name')",
         ],
         "retention/_pg_walk.py": [
             "literal_column('ctid')",
-        ],
-        "retention/_targets.py": [
-            'text("SELECT DISTINCT table_schema FROM information_sche',
-            'text("SELECT DISTINCT n.nspname FROM pg_catalog.pg_class',
         ],
         "schema.py": [
             'DDL("CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
             'DDL("CREATE OR REPLACE FUNCTION inbox_outbox_notify() RE',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
-        ],
-        "testing/_snapshot.py": [
-            "text(\"SELECT count(*) FROM sqlite_master WHERE name = 's",
-            "DDL('ALTER TABLE %(fullname)s AUTO_INCREMENT = 1')",
-            "text('DELETE FROM sqlite_sequence WHERE name = :name')",
         ],
     }

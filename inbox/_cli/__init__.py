@@ -218,9 +218,8 @@ def quiet_closed_stdout() -> None:
         pass
 
 
-# A table that is not there: PostgreSQL's SQLSTATE, MySQL/MariaDB's error number, SQLite's text.
-_PG_UNDEFINED_TABLE: Final = "42P01"
-_MYSQL_NO_SUCH_TABLE: Final = 1146
+# The table's name in each family's message for a table that is not there (which error that
+# is, each family knows: core/_backends/).
 _MISSING_TABLE = re.compile(
     r"no such table: (?P<sqlite>\S+)|relation \"(?P<pg>[^\"]+)\" does not exist"
     r"|Table '(?P<mysql>[^']+)' doesn't exist"
@@ -233,13 +232,9 @@ def unmigrated(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", None)
     if orig is None:
         return None
-    code = (getattr(orig, "args", None) or (None,))[0]
-    missing = (
-        getattr(orig, "sqlstate", None) == _PG_UNDEFINED_TABLE
-        or code == _MYSQL_NO_SUCH_TABLE
-        or str(orig).startswith("no such table")
-    )
-    if not missing:
+    from inbox.core._backends import is_missing_table
+
+    if not is_missing_table(orig):
         return None
     from inbox.core._startup import MIGRATE_HINT
 

@@ -14,9 +14,9 @@ from typing import Any, Final
 
 from kombu.utils.json import dumps, loads
 from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, Text, select
-from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import Session
 
+from inbox.core._backends import with_family_types
 from inbox.errors import InboxError
 from inbox.schema import HANDLER_NAME_MAX_LENGTH, BinaryUUID, UTCDateTime
 
@@ -44,18 +44,10 @@ task_result_table = Table(
     Column("claim_key", BinaryUUID(), nullable=False),
     Column(
         "task",
-        String(HANDLER_NAME_MAX_LENGTH).with_variant(
-            mysql.VARCHAR(HANDLER_NAME_MAX_LENGTH, charset="utf8mb4", collation="utf8mb4_bin"),
-            "mysql",
-            "mariadb",
-        ),
+        with_family_types(String(HANDLER_NAME_MAX_LENGTH), "text", HANDLER_NAME_MAX_LENGTH),
         nullable=False,
     ),
-    Column(
-        "result",
-        Text().with_variant(mysql.LONGTEXT(charset="utf8mb4"), "mysql", "mariadb"),
-        nullable=False,
-    ),
+    Column("result", with_family_types(Text(), "long_text"), nullable=False),
     Column("stored_at", UTCDateTime(), nullable=False),
     PrimaryKeyConstraint("claim_key", "task"),
 )

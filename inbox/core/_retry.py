@@ -18,19 +18,13 @@ from typing import Any, Final, TypeAlias, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from inbox.core._backends import is_transient_error
 from inbox.core._steps import Ended, Failed, Pause, advance, outcome
 
 __all__ = ["Backoff", "Rerun", "is_transient", "log_retry", "rerun", "run_with_retries"]
 
 logger = logging.getLogger("inbox.core")
 
-# SQLSTATEs: serialization_failure, deadlock_detected (PostgreSQL), lock_not_available.
-_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "55P03"})
-# MySQL/MariaDB error numbers: record changed since last read (MariaDB snapshot isolation),
-# lock wait timeout, deadlock.
-_MYSQL_TRANSIENT: Final = frozenset({1020, 1205, 1213})
-# SQLite result codes: SQLITE_BUSY, SQLITE_LOCKED.
-_SQLITE_TRANSIENT: Final = frozenset({5, 6})
 _CHAIN_LIMIT: Final = 8
 
 R = TypeVar("R")
@@ -56,18 +50,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _is_transient_dbapi_error(exc: DBAPIError) -> bool:
-    if exc.connection_invalidated:
-        return True
-    orig = exc.orig
-    # PyMySQL sets a SQLSTATE too (often the generic HY000), so a non-matching SQLSTATE does
-    # not end the search: the MySQL error number below may still say "lock wait timeout".
-    if getattr(orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
-        return True
-    sqlite_code = getattr(orig, "sqlite_errorcode", None)
-    if isinstance(sqlite_code, int):
-        return sqlite_code & 0xFF in _SQLITE_TRANSIENT
-    args: tuple[object, ...] = getattr(orig, "args", ())
-    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+    # Which error codes say so is each database family's knowledge (core/_backends/).
+    return exc.connection_invalidated or is_transient_error(exc.orig)
 
 
 @dataclass(frozen=True, slots=True)

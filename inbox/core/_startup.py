@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import Connection, Engine, Select, Table, column, inspect, select, table
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, UnboundExecutionError
 
+from inbox.core._backends import is_unreachable_error
 from inbox.errors import InboxError
 from inbox.schema import inbox_effect
 
@@ -53,21 +54,6 @@ _UPGRADE: Final = {
     INBOX_VERSION_TABLE: "inbox migrate",
     APP_VERSION_TABLE: "alembic upgrade heads",
 }
-# Connection exceptions (08…); the server shutting down, crashed or starting (57P…).
-_PG_UNREACHABLE: Final = ("08", "57P")
-_PG_NOT_READY: Final = (
-    "the database system is starting up",
-    "the database system is shutting down",
-    "the database system is in recovery mode",
-    # A standby (a Patroni replica, a rejoining old primary) before it is consistent: with a
-    # multi-host URL a worker started mid-failover meets it beside the hosts that refuse.
-    "the database system is not yet accepting connections",
-    "the database system is not accepting connections",
-    "too many clients",
-)
-# Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),
-# shutting down (1053).
-_MYSQL_UNREACHABLE: Final = frozenset({1040, 1053, 2002, 2003, 2006, 2013})
 MIGRATE_HINT: Final = (
     "run the inbox migrations (`inbox migrate`, or `alembic upgrade heads` in an alembic "
     "history of your own, docs/migrations.md)"
@@ -183,19 +169,7 @@ def _unreachable(exc: DBAPIError) -> bool:
         return True
     if not isinstance(exc, OperationalError | InterfaceError):
         return False
-    orig = exc.orig
-    code = (getattr(orig, "args", None) or (None,))[0]
-    if isinstance(code, int) and not isinstance(code, bool):  # MySQL/MariaDB error numbers
-        return code in _MYSQL_UNREACHABLE
-    if hasattr(orig, "sqlite_errorcode"):
-        return False  # a file that cannot be opened stays so
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate is not None:
-        return str(sqlstate).startswith(_PG_UNREACHABLE)
-    # psycopg gives no SQLSTATE for a failed connection: a server that answered says FATAL
-    # (a refused login, a missing database: final, unless it is starting or stopping).
-    message = str(orig)
-    return "FATAL:" not in message or any(m in message for m in _PG_NOT_READY)
+    return is_unreachable_error(exc.orig)
 
 
 def _check_revision(engine: Engine, schemas: set[str | None]) -> None:

@@ -18,9 +18,9 @@ from sqlalchemy import (
     inspect,
     literal,
     select,
-    text,
 )
 
+from inbox.core._backends import family_of
 from inbox.partitioning._catalog import is_partitioned, list_partitions
 
 __all__ = [
@@ -130,24 +130,9 @@ def read_status(engine: Engine, claims: Table, outbox: Table, effects: Table) ->
 
 
 def _size(connection: Connection, table: Table) -> int | None:
-    """Table and index bytes (partitions included) on PostgreSQL and MySQL/MariaDB."""
-    name = connection.dialect.name
-    if name == "postgresql":
-        # Bound as a parameter: the name is a checked identifier, never spliced into SQL.
-        query = text(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-            "WHERE c.oid = to_regclass(:name) OR c.oid IN "
-            "(SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(:name))"
-        )
-        return int(connection.execute(query, {"name": table.fullname}).scalar_one())
-    if name in ("mysql", "mariadb"):
-        query = text(
-            "SELECT coalesce(sum(data_length + index_length), 0) FROM information_schema.tables "
-            "WHERE table_schema = coalesce(:schema, database()) AND table_name = :name"
-        )
-        found = connection.execute(query, {"schema": table.schema, "name": table.name})
-        return int(found.scalar_one())
-    return None
+    """Table and index bytes (partitions included) where the family can tell (PostgreSQL,
+    MySQL/MariaDB)."""
+    return family_of(connection).table_bytes(connection, table)
 
 
 def _outbox(connection: Connection, outbox: Table) -> OutboxReport:

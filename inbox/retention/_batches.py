@@ -31,23 +31,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import Any
 
 from sqlalchemy import (
     Connection,
     Delete,
     Engine,
     Table,
-    delete,
     func,
-    literal_column,
     select,
 )
 from sqlalchemy.exc import ProgrammingError
-from sqlalchemy.sql import ColumnElement
 
-from inbox.errors import UnsupportedDialect
-from inbox.partitioning._catalog import UNDEFINED_TABLE
+from inbox.core._backends import Family, family_of, is_missing_table
 from inbox.retention._pg_walk import Step, pg_step
 from inbox.retention._sizing import BatchSizing
 
@@ -85,16 +80,13 @@ def delete_in_batches(
     cursor is through; the walker waits for locked rows instead, and leaves a claim that
     commits behind its cursor during the run to the next run.
     """
-    dialect_name = engine.dialect.name
-    step = (
-        pg_step(table, cutoff)
-        if dialect_name == "postgresql"
-        else _plain_step(table, dialect_name, cutoff)
-    )
+    family = family_of(engine)
+    walks = family.walks_by_key_range
+    step = pg_step(table, cutoff) if walks else _plain_step(table, family, cutoff)
     cursors: dict[bool, dt.datetime | None] = {}
     deleted = batches = 0
     longest = 0.0
-    if dialect_name == "postgresql":
+    if walks:
         cursors[True] = _oldest_expired(engine, table, cutoff, gone_ok=gone_ok)
         if cursors[True] is None:
             return deleted, batches, longest  # nothing expired (most partitions): no batch
@@ -105,7 +97,7 @@ def delete_in_batches(
             with engine.begin() as connection:
                 walker, full, count, edge = step(connection, cursors, limit)
         except ProgrammingError as exc:
-            if gone_ok and _is_gone(exc):
+            if gone_ok and is_missing_table(exc.orig):
                 break
             raise
         seconds = time.perf_counter() - began
@@ -137,19 +129,16 @@ def delete_in_batches(
                 if not _any_expired(connection, table, cutoff):
                     break
         except ProgrammingError as exc:
-            if gone_ok and _is_gone(exc):
+            if gone_ok and is_missing_table(exc.orig):
                 break
             raise
         cursors[walker] = None
     return deleted, batches, longest
 
 
-def _is_gone(exc: ProgrammingError) -> bool:
-    return getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE
-
-
-def _plain_step(table: Table, dialect_name: str, cutoff: dt.datetime) -> Step:
-    """SQLite and MySQL/MariaDB: no cursor, every batch from the start of the index."""
+def _plain_step(table: Table, family: Family, cutoff: dt.datetime) -> Step:
+    """SQLite and MySQL/MariaDB: no cursor, every batch from the start of the index (the
+    family's batched delete, ``Family.batch_delete``)."""
     statements: dict[int, Delete] = {}
 
     def plain(
@@ -157,7 +146,7 @@ def _plain_step(table: Table, dialect_name: str, cutoff: dt.datetime) -> Step:
     ) -> tuple[bool, int, int, None]:
         statement = statements.get(limit)
         if statement is None:
-            statement = statements[limit] = _batch_delete(table, dialect_name, cutoff, limit)
+            statement = statements[limit] = family.batch_delete(table, cutoff, limit)
         count = int(connection.execute(statement).rowcount)
         return False, count >= limit, count, None
 
@@ -179,7 +168,7 @@ def _oldest_expired(
                 select(func.min(at)).where(at < cutoff)
             ).scalar()
     except ProgrammingError as exc:
-        if gone_ok and _is_gone(exc):
+        if gone_ok and is_missing_table(exc.orig):
             return None
         raise
     return oldest
@@ -191,19 +180,3 @@ def _any_expired(connection: Connection, table: Table, cutoff: dt.datetime) -> b
     at = table.c.processed_at
     query = select(at).where(at < cutoff).order_by(at).limit(1)
     return connection.execute(query).first() is not None
-
-
-def _batch_delete(table: Table, dialect_name: str, cutoff: dt.datetime, limit: int) -> Delete:
-    """One batch on SQLite or MySQL/MariaDB: at most ``limit`` expired rows, found through the
-    ``processed_at`` index, deleted by ``rowid`` (SQLite) or with a native ``LIMIT``."""
-    expired = table.c.processed_at < cutoff
-    if dialect_name == "sqlite":
-        rowid: ColumnElement[Any] = literal_column("rowid")
-        batch = select(rowid).select_from(table).where(expired).limit(limit)
-        return delete(table).where(rowid.in_(batch.scalar_subquery()))
-    if dialect_name in ("mysql", "mariadb"):
-        return delete(table).where(expired).with_dialect_options(mysql_limit=limit)
-    raise UnsupportedDialect(
-        f"inbox cleanup does not support dialect {dialect_name!r}; "
-        "supported: postgresql, sqlite, mysql/mariadb"
-    )

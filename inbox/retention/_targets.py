@@ -6,25 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, Table, text
+from sqlalchemy import Engine, Table
 
+from inbox.core._backends import family_of
 from inbox.errors import ConfigurationError
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, resolve_table
 
 __all__ = ["Target", "schemas_holding", "targets_for"]
-
-_FIND_SCHEMAS = text(
-    "SELECT DISTINCT table_schema FROM information_schema.tables "
-    "WHERE table_name = :name AND table_type = 'BASE TABLE' ORDER BY table_schema"
-)
-# A partitioned PostgreSQL table is listed as 'PARTITIONED TABLE' (its partitions as tables
-# under other names), so it is looked up by name in pg_class as well.
-_FIND_PG_SCHEMAS = text(
-    "SELECT DISTINCT n.nspname FROM pg_catalog.pg_class c "
-    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE c.relname = :name AND c.relkind IN ('r', 'p') AND NOT c.relispartition "
-    "ORDER BY n.nspname"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +41,10 @@ def targets_for(
 def schemas_holding(engine: Engine, table: str) -> list[str]:
     """Every schema (a database, on MariaDB/MySQL) of ``engine``'s server holding a table
     named ``table``; ValueError on SQLite, which has none."""
-    dialect = engine.dialect.name
-    if dialect == "sqlite":
+    query = family_of(engine).schemas_query
+    if query is None:
         raise ConfigurationError(
             "--all-schemas needs PostgreSQL or MariaDB/MySQL (SQLite has no schemas)"
         )
-    query = _FIND_PG_SCHEMAS if dialect == "postgresql" else _FIND_SCHEMAS
     with engine.connect() as connection:
         return [str(schema) for schema in connection.execute(query, {"name": table}).scalars()]

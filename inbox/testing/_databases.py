@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateSchema, DropSchema
 
+from inbox.core._backends import family_of_url, server_families
 from inbox.errors import ConfigurationError
 from inbox.schema import metadata as inbox_metadata
 
@@ -24,8 +25,6 @@ __all__ = ["DATABASE_URL_ENV", "ThrowawayDatabase", "server_url_of", "throwaway_
 
 DATABASE_URL_ENV: Final = "INBOX_TESTING_DATABASE_URL"
 """The environment variable naming the server the fixtures create their databases on."""
-
-_SERVERS: Final = ("postgresql", "mysql", "mariadb")
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def throwaway_database(
         return
     base = server_url_of(server_url)
     name = f"inbox_test_{uuid.uuid4().hex[:16]}"
-    postgres = base.get_backend_name() == "postgresql"
+    family = family_of_url(base)
     admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with admin.connect() as connection:
@@ -72,16 +71,13 @@ def throwaway_database(
             f"cannot create a throwaway database on {where} ({DATABASE_URL_ENV} or "
             f"--inbox-database-url): {type(exc).__name__}: {str(exc).splitlines()[0]}"
         ) from None  # the driver's traceback would show the password it was given
-    if postgres:
-        isolated = base.update_query_dict({"options": f"-csearch_path={name}"})
-    else:
-        isolated = base.set(database=name)
+    isolated = family.throwaway_url(base, name)
     try:
         with _created(isolated.render_as_string(hide_password=False), metadata) as database:
             yield database
     finally:
         with admin.connect() as connection:
-            connection.execute(DropSchema(name, cascade=postgres))
+            connection.execute(DropSchema(name, cascade=family.drops_schemas_cascading))
         admin.dispose()
 
 
@@ -89,9 +85,10 @@ def server_url_of(server_url: str | URL) -> URL:
     """``server_url`` parsed (a URL's repr hides its password, in tracebacks too);
     ValueError unless it names a PostgreSQL, MariaDB or MySQL server."""
     url = server_url if isinstance(server_url, URL) else _parsed(server_url)
-    if url.get_backend_name() not in _SERVERS:
+    servers = server_families()
+    if url.get_backend_name() not in servers:
         raise ConfigurationError(
-            f"{DATABASE_URL_ENV}: the fixtures create databases on {', '.join(_SERVERS)} "
+            f"{DATABASE_URL_ENV}: the fixtures create databases on {', '.join(servers)} "
             f"servers (SQLite is the default without a URL), got {url.get_backend_name()!r}"
         )
     return url

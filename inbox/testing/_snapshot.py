@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import DDL, Connection, MetaData, Table, delete, func, insert, select, text
+from sqlalchemy import Connection, MetaData, Table, delete, insert, select
 
+from inbox.core._backends import family_of
 from inbox.errors import ConfigurationError
 
 __all__ = ["Database", "Rows", "Snapshot"]
@@ -39,8 +40,10 @@ class Database:
         self.metadata = MetaData()
         for schema in dict.fromkeys(schemas):
             self.metadata.reflect(connection, schema=schema)
+        family = family_of(connection)
         self._serial = {
-            table.key: _counted_columns(connection, table) for table in self.metadata.sorted_tables
+            table.key: family.counted_columns(connection, table)
+            for table in self.metadata.sorted_tables
         }
 
     def table(self, name: str) -> Table:
@@ -83,49 +86,11 @@ class Database:
         """Set every auto-increment counter just above its column's highest value: the
         numbers a rolled-back attempt used up are handed out again, so a redelivery numbers
         its rows as a first delivery would."""
-        dialect = connection.dialect.name
+        family = family_of(connection)
         for table in self.metadata.sorted_tables:
             columns = self._serial[table.key]
-            if not columns:
-                continue
-            if dialect == "postgresql":
-                for column in columns:
-                    sequence = connection.scalar(
-                        select(func.pg_get_serial_sequence(_qualified(connection, table), column))
-                    )
-                    highest = connection.scalar(select(func.max(table.c[column])))
-                    connection.execute(select(func.setval(sequence, (highest or 0) + 1, False)))
-            elif dialect in ("mysql", "mariadb"):
-                # InnoDB moves a counter set below the highest value up to just above it.
-                # (ALTER TABLE commits: the rows written before it are meant to stay.)
-                reset = DDL("ALTER TABLE %(fullname)s AUTO_INCREMENT = 1")  # type: ignore[no-untyped-call]
-                connection.execute(reset.against(table))
-            else:  # SQLite AUTOINCREMENT: without its row, the next id is max(rowid) + 1
-                connection.execute(
-                    text("DELETE FROM sqlite_sequence WHERE name = :name"), {"name": table.name}
-                )
-
-
-def _counted_columns(connection: Connection, table: Table) -> list[str]:
-    """The columns a counter fills that a rolled-back insert does not give back."""
-    dialect = connection.dialect.name
-    if dialect == "postgresql":
-        qualified = _qualified(connection, table)
-        return [
-            column.name
-            for column in table.columns
-            if connection.scalar(select(func.pg_get_serial_sequence(qualified, column.name)))
-        ]
-    if dialect in ("mysql", "mariadb"):
-        return [column.name for column in table.columns if column.autoincrement is True]
-    autoincrement = connection.scalar(  # SQLite keeps AUTOINCREMENT counters in one table
-        text("SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'")
-    )
-    return ["rowid"] if autoincrement else []
-
-
-def _qualified(connection: Connection, table: Table) -> str:
-    return connection.dialect.identifier_preparer.format_table(table)
+            if columns:
+                family.reset_counters(connection, table, columns)
 
 
 def _hashable(value: object) -> Hashable:

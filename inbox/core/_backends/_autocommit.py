@@ -1,5 +1,8 @@
 """Whether a connection commits every statement itself: read client-side, per driver.
 
+Where the driver keeps more than an ``autocommit`` attribute, its family says where
+(``Family.autocommit_getter``, ``autocommits_without_isolation_level``).
+
 A connection in autocommit mode would commit the claim on its own, so a failing handler
 would leave it behind and its message would never run again: the handler transaction
 refuses one before the first claim, and a handler that switches to it (MySQL's
@@ -12,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from inbox.core._backends._family import families
 from inbox.errors import SessionConfigurationError
 
 __all__ = ["autocommits", "refuse_autocommit"]
@@ -34,12 +38,10 @@ def autocommits(connection: Connection) -> bool:
     driver: Any = connection.connection.dbapi_connection
     if getattr(driver, "autocommit", None) is True:  # psycopg; sqlite3 on Python >= 3.12
         return True
-    dialect = connection.dialect.name
-    if dialect == "sqlite":
-        # isolation_level None is also SQLAlchemy's recipe for real SAVEPOINTs, with a
-        # "begin" listener that emits BEGIN itself: then a transaction is open by now.
-        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
-    if dialect in ("mysql", "mariadb"):
-        get_autocommit = getattr(driver, "get_autocommit", None)
+    family = families[type(connection.dialect)]
+    if family.autocommit_getter is not None:
+        get_autocommit = getattr(driver, family.autocommit_getter, None)
         return bool(get_autocommit()) if callable(get_autocommit) else False
+    if family.autocommits_without_isolation_level:
+        return getattr(driver, "isolation_level", "") is None and not driver.in_transaction
     return False

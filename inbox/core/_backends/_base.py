@@ -10,8 +10,8 @@ event listener: it asks its backend to
 
 This base class does all of it through SQLAlchemy's public ``Connection.execute``, with
 "unknown" as its answer, which is right for every supported driver; the subclasses only
-know their driver better (:mod:`inbox.core._backends._postgresql`, ``_psycopg``, ``_mysql``,
-``_sqlite``).
+know their driver better (``postgresql/_psycopg.py``, ``postgresql/_psycopg2.py``,
+``mysql/_backend.py``, ``sqlite/_backend.py``).
 """
 
 from __future__ import annotations

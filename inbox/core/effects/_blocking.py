@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from inbox.core._backends import check_supported
+from inbox.core._backends import check_supported, family_of
 from inbox.core._steps import Failed
 from inbox.core.effects._identity import EffectRef
 from inbox.core.effects._pool import LedgerEngines
@@ -32,7 +32,7 @@ idempotency key, and returns a JSON-serializable result."""
 def refuse_sqlite_claim_store(store_url: object, claim_engine: Engine, has_own: bool) -> None:
     """SQLite lets one transaction write at a time, and the claim's holds that lock while
     the handler runs: effect records written beside it would wait for it for ever."""
-    if claim_engine.dialect.name != "sqlite":
+    if not family_of(claim_engine).one_writer_at_a_time:
         return
     if not has_own or store_url == claim_engine.url:
         raise UnsupportedDialect(

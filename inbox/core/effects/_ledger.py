@@ -24,24 +24,21 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Final
 
-from sqlalchemy import Connection, Table, Update, bindparam, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Insert, Table, Update, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from inbox.core._backends import Family, families
 from inbox.core.effects._identity import EffectMode, EffectRef
 from inbox.errors import UncertainEffect
 from inbox.telemetry import record_effect
 
 __all__ = ["Call", "Ledger", "ResultTooLarge", "Stored"]
 
-_MYSQL_DUPLICATE_ENTRY: Final = 1062
-_MYSQL_FAMILY: Final = frozenset({"mysql", "mariadb"})
 # Results shorter than this are sent without looking at max_allowed_packet (whose least
 # value on a server is 1 KiB, and default 16 MiB or more).
 _PACKET_CHECK_FROM: Final = 64 * 1024
 # The UPDATE around the result, and its other parameters, on the wire.
 _STATEMENT_OVERHEAD: Final = 1024
-_MAX_PACKET_INFO: Final = "inbox_max_allowed_packet"
 STARTED: Final = "started"
 DONE: Final = "done"
 FAILED: Final = "failed"
@@ -88,6 +85,8 @@ class Ledger:
             .where(*mine)
             .values(status=DONE, result=bindparam("result"), updated_at=at)
         )
+        # Per database family: its insert-or-ignore on the effect key (None: a plain insert).
+        self._inserts: dict[Family, Insert | None] = {}
         self._failed = (
             update(table)
             .where(*mine)
@@ -225,34 +224,31 @@ class Ledger:
             "started_at": at,
             "updated_at": at,
         }
-        target = [self.table.c.effect_key]
-        name = connection.dialect.name
-        if name in ("postgresql", "sqlite"):
-            dialect_insert = postgresql.insert if name == "postgresql" else sqlite.insert
-            statement = dialect_insert(self.table).on_conflict_do_nothing(index_elements=target)
-            result = connection.execute(statement.execution_options(preserve_rowcount=True), row)
-            return result.rowcount == 1
+        family = families[type(connection.dialect)]
+        try:
+            statement = self._inserts[family]
+        except KeyError:
+            statement = self._inserts[family] = family.insert_or_ignore(self.table, "effect_key")
+        if statement is not None:
+            return connection.execute(statement, row).rowcount == 1
         try:
             connection.execute(insert(self.table), row)
         except IntegrityError as exc:
-            args: tuple[object, ...] = getattr(exc.orig, "args", ())
-            if args and args[0] == _MYSQL_DUPLICATE_ENTRY and "PRIMARY'" in str(args[-1]):
+            if family.is_duplicate_key(exc):
                 return False
             raise
         return True
 
 
 def _check_packet_size(connection: Connection, result: str) -> None:
-    """On MySQL/MariaDB, raise :class:`ResultTooLarge` before sending a statement with
-    ``result`` that the connection's ``max_allowed_packet`` would not take (read once per
-    connection). The result is ASCII JSON; its quotes and backslashes go escaped."""
-    if connection.dialect.name not in _MYSQL_FAMILY:
+    """Where the server limits a statement's size (MySQL/MariaDB's ``max_allowed_packet``),
+    raise :class:`ResultTooLarge` before sending a statement with ``result`` that the
+    connection would not take. The result is ASCII JSON; its quotes and backslashes go
+    escaped."""
+    family = families[type(connection.dialect)]
+    if not family.limits_statements:
         return
-    limit = connection.info.get(_MAX_PACKET_INFO)
-    if not isinstance(limit, int):
-        read = connection.exec_driver_sql("SELECT @@max_allowed_packet").scalar()
-        limit = connection.info[_MAX_PACKET_INFO] = int(read or 0)
-        connection.rollback()  # the read began a transaction: end it before the write
+    limit = family.statement_limit(connection)
     escaped = sum(result.count(quote) for quote in ("'", '"', "\\"))
     size = len(result) + escaped + _STATEMENT_OVERHEAD
     if limit and size > limit:
@@ -263,8 +259,10 @@ def _check_packet_size(connection: Connection, result: str) -> None:
 
 
 def _one_round_trip(connection: Connection) -> None:
-    """On PostgreSQL, let a single-statement write commit itself: one round trip instead of
-    BEGIN, the statement and COMMIT (the drivers switch to autocommit without a message to
-    the server). MySQL's drivers would spend more round trips switching than they save."""
-    if connection.dialect.name == "postgresql" and not connection.in_transaction():
+    """Where the family says so (PostgreSQL), let a single-statement write commit itself:
+    one round trip instead of BEGIN, the statement and COMMIT (the drivers switch to
+    autocommit without a message to the server). MySQL's drivers would spend more round
+    trips switching than they save."""
+    family = families[type(connection.dialect)]
+    if family.commits_single_writes_itself and not connection.in_transaction():
         connection.execution_options(isolation_level="AUTOCOMMIT")

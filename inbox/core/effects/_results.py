@@ -22,19 +22,13 @@ from typing import Any, Final
 from sqlalchemy.exc import DataError, DBAPIError
 
 from inbox._oneline import describe_error
+from inbox.core._backends import refuses_value
 from inbox.core.effects._identity import EffectRef
 from inbox.core.effects._ledger import ResultTooLarge
 from inbox.errors import EffectError
 
 __all__ = ["Kept", "KeptResults", "encode_result", "refuses_result", "result_refused"]
 
-# SQLSTATE classes: data exception (22: a value too long for its type...), program limit
-# exceeded (54: a value over PostgreSQL's field size).
-_REFUSING_SQLSTATE_CLASSES: Final = frozenset({"22", "54"})
-# MySQL/MariaDB: data too long for column, packet over max_allowed_packet, a result larger
-# than max_allowed_packet.
-_MYSQL_REFUSALS: Final = frozenset({1406, 1153, 1301})
-_SQLITE_TOOBIG: Final = 18
 _CHAIN_LIMIT: Final = 8
 _KEPT_AT_MOST: Final = 10_000
 
@@ -66,20 +60,10 @@ def refuses_result(exc: BaseException) -> bool:
             return False
         if isinstance(seen, ResultTooLarge | DataError):
             return True
-        if isinstance(seen, DBAPIError) and _refusal(seen.orig):
+        if isinstance(seen, DBAPIError) and refuses_value(seen.orig):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def _refusal(orig: BaseException | None) -> bool:
-    sqlstate = getattr(orig, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate[:2] in _REFUSING_SQLSTATE_CLASSES:
-        return True
-    if getattr(orig, "sqlite_errorcode", None) == _SQLITE_TOOBIG:
-        return True
-    args: tuple[object, ...] = getattr(orig, "args", ())
-    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_REFUSALS
 
 
 def result_refused(ref: EffectRef, exc: BaseException) -> EffectError:

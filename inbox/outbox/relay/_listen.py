@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from sqlalchemy import Engine, Table
 
+from inbox.core._backends import family_of
 from inbox.outbox.relay._refusals import error_line
 
 __all__ = ["Wakeup"]
@@ -35,7 +36,7 @@ class Wakeup:
         self._engine = engine
         self._table = table
         self._stopping = stopping
-        self._wanted = listen and engine.dialect.name == "postgresql"
+        self._wanted = listen and family_of(engine).notifies
         self._connection: Any = None
         self._payload: str | None = None
         self._next_try = 0.0

@@ -2,11 +2,11 @@
 refused ones. Every statement is a SQLAlchemy construct; rows are decoded by
 :mod:`inbox.outbox._row`, the one place that knows how the publishing side stores them.
 
-Rows are taken ``FOR UPDATE SKIP LOCKED`` on PostgreSQL and MySQL/MariaDB, so relays running
-at once never take the same row while it is being sent; on SQLite (one relay) the plain
-``SELECT``. On MySQL/MariaDB the relay's transaction runs at READ COMMITTED: at REPEATABLE
-READ, InnoDB would lock the gap after the last row and hold every writer's INSERT until the
-batch was published.
+Rows are taken ``FOR UPDATE SKIP LOCKED`` where the database family can (PostgreSQL,
+MySQL/MariaDB), so relays running at once never take the same row while it is being sent; on
+SQLite (one relay) the plain ``SELECT``. The family may set the transaction's isolation first
+(MySQL/MariaDB: READ COMMITTED, so that InnoDB locks no gap after the last row) and may
+delete sent rows one by one (``Family.relay_isolation``, ``deletes_rows_one_by_one``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, text, update
+from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
 
+from inbox.core._backends import family_of
 from inbox.errors import ConfigurationError
 from inbox.outbox._amqp_limits import check_headers
 from inbox.outbox._arguments import short_string
@@ -26,9 +27,6 @@ from inbox.outbox.relay._refusals import error_line, refusal_delay
 from inbox.schema import DEFAULT_OUTBOX_TABLE_NAME, outbox_message, outbox_table
 
 __all__ = ["OutboxRows", "Refusal", "Taken", "resolve_outbox_table"]
-
-_LOCKING_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
-_READ_COMMITTED = text("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
 
 def resolve_outbox_table(table: str | Table) -> Table:
@@ -106,13 +104,12 @@ class OutboxRows:
     def take(self, connection: Connection, limit: int, now: dt.datetime) -> Taken:
         """Lock and read up to ``limit`` rows due at ``now``, in id order (the first
         statement of the relay's transaction)."""
-        if connection.dialect.name in ("mysql", "mariadb"):
-            # For this transaction only: a session-wide level would have to be reset when
-            # the connection goes back to the pool, a statement no error handling covers.
-            connection.execute(_READ_COMMITTED)
+        family = family_of(connection)
+        if family.relay_isolation is not None:
+            connection.execute(family.relay_isolation)
         c = self.table.c
         query = select(self.table).where(c.available_at <= now).order_by(c.id).limit(limit)
-        if connection.dialect.name in _LOCKING_DIALECTS:
+        if family.skips_locked_rows:
             query = query.with_for_update(skip_locked=True)
         taken = Taken()
         for stored in connection.execute(query):
@@ -138,9 +135,7 @@ class OutboxRows:
         """Delete the rows ``ids``; how many there were."""
         if not ids:
             return 0
-        if connection.dialect.name in ("mysql", "mariadb"):
-            # One statement per row: on a small table InnoDB deletes an IN list by a full
-            # scan, which waits for the rows other relays hold and deadlocks with them.
+        if family_of(connection).deletes_rows_one_by_one:
             result = connection.execute(self._delete_one, [{"b_id": i} for i in ids])
         else:
             result = connection.execute(delete(self.table).where(self.table.c.id.in_(ids)))

@@ -2,13 +2,14 @@
 the transaction's end read from what the server reported.
 
 A handler transaction is ``BEGIN; claim; <handler>; COMMIT``. Here the first two go out
-together on the libpq connection (:mod:`inbox.core._backends._libpq`): the handler transaction
-makes exactly the round trips of the handler's own transaction. The claim is a named
+together on the libpq connection (:mod:`inbox.core._backends.postgresql._libpq`): the handler
+transaction makes exactly the round trips of the handler's own transaction. The claim is a named
 prepared statement of its own (``_inbox_claim_N``, parsed once per connection), so the
 server neither parses nor plans it per message.
 
 Before the COMMIT, :meth:`PsycopgBackend.state` reads libpq's transaction status and the
-marker the claim set (:data:`~inbox.core._backends._claims.MARKER`): both local, no round trip.
+marker the claim set (:data:`~inbox.core._backends.postgresql._claims.MARKER`): both local,
+no round trip.
 
 Anything unexpected on the fast path (a statement the server no longer knows, an error
 answer, a connection that is not idle) sends the claim the ordinary way instead, through
@@ -31,10 +32,16 @@ from sqlalchemy.dialects.postgresql.base import PGDialect
 
 from inbox.core._backends._autocommit import refuse_autocommit
 from inbox.core._backends._base import Backend, Claimed, ClaimRow, TransactionState
-from inbox.core._backends._claims import MARKER, Claims, translation_key, won
-from inbox.core._backends._libpq import ClaimText, PipelineFailed, begin_and_claim, simple_command
-from inbox.core._backends._postgresql import LIBPQ_IDLE, LIBPQ_IN_TRANSACTION, state_from
+from inbox.core._backends._claims import Claims, translation_key, won
 from inbox.core._backends._waits import drive, drive_async
+from inbox.core._backends.postgresql._claims import MARKER, marked_claim
+from inbox.core._backends.postgresql._libpq import (
+    ClaimText,
+    PipelineFailed,
+    begin_and_claim,
+    simple_command,
+)
+from inbox.core._backends.postgresql._psycopg2 import LIBPQ_IDLE, LIBPQ_IN_TRANSACTION, state_from
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -212,7 +219,7 @@ class PsycopgBackend(Backend):
         kwargs: dict[str, Any] = {}
         if translate:
             kwargs = {"schema_translate_map": translate, "render_schema_translate": True}
-        compiled = claims.marked_claim.compile(dialect=_NUMBERED, **kwargs)
+        compiled = marked_claim(claims.table).compile(dialect=_NUMBERED, **kwargs)
         if list(compiled.positiontup or ()) != ["message_id", "handler", "processed_at"]:
             raise AssertionError(f"unexpected claim parameters {compiled.positiontup}")
         with _names_lock:

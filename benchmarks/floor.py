@@ -10,7 +10,7 @@ gives the median µs per message and each variant's difference to the raw driver
 * ``raw``: psycopg alone, ``BEGIN; INSERT; COMMIT`` (the BEGIN psycopg's own);
 * ``raw + claim, own round trip``: the prepared claim as a statement of its own;
 * ``raw + claim, pipelined``: ``BEGIN`` and the prepared claim in one round trip on the libpq
-  connection, as the inbox sends them (``inbox/core/_backends/postgresql/_libpq.py``);
+  connection, as the inbox sends them (``inbox/_backends/postgresql/_libpq.py``);
 * ``core + claim``: SQLAlchemy Core, ``engine.begin()``, the claim then the insert;
 * ``session``: the plain ORM ``Session`` transaction (what S1 calls plain-1);
 * ``inbox``: ``Inbox.process`` with the same one-row handler;
@@ -37,11 +37,11 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outcome
-from inbox.core._backends import Claims
-from inbox.core._backends._waits import drive
-from inbox.core._backends.postgresql import FAMILY as POSTGRESQL
-from inbox.core._backends.postgresql._libpq import ClaimText, begin_and_claim
-from inbox.core._backends.postgresql._psycopg import PsycopgBackend
+from inbox._backends import Claims
+from inbox._backends._waits import drive
+from inbox._backends.postgresql import FAMILY as POSTGRESQL
+from inbox._backends.postgresql._libpq import ClaimText, begin_and_claim
+from inbox._backends.postgresql._psycopg import PsycopgBackend
 from inbox.schema import inbox_message
 
 VARIANTS = (

@@ -57,8 +57,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message, Outbox, Outcome
+from inbox._backends.postgresql._psycopg import OPTION as SHARING_OPTION
 from inbox.aio import AsyncInbox
-from inbox.core._backends.postgresql._psycopg import OPTION as SHARING_OPTION
 from inbox.testing.round_trips import RoundTripCounter
 
 SCENARIO = "ROUND_TRIPS"

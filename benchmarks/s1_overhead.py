@@ -16,7 +16,7 @@ machine's noise hits them alike, and reporting the median and spread over the ro
 * on PostgreSQL through psycopg, also inbox-1-serial / inbox-3-serial: the same inboxes on
   the engine with ``inbox_share_round_trips=False``, i.e. the claim and its check each in a
   round trip of their own instead of riding the BEGIN's and the COMMIT's
-  (inbox/core/_backends/postgresql/_psycopg.py).
+  (inbox/_backends/postgresql/_psycopg.py).
 
 ``--profile`` also runs pyinstrument over inbox-1 on the first database and saves the
 profile (text) next to the JSON.

@@ -12,7 +12,7 @@ round by round (odd rounds in reverse order), the median and (min..max) over the
 * plain-3: the handler in a plain session transaction, no inbox (for scale);
 * inbox-3: ``Inbox(sessionmaker(engine))`` on one schema reached through the connection's
   ``search_path``: the shipped single-tenant path (BEGIN and the prepared claim in one
-  round trip, inbox/core/_backends/postgresql/_psycopg.py);
+  round trip, inbox/_backends/postgresql/_psycopg.py);
 * inbox-3-map: ``Inbox(sessionmaker(engine.execution_options(schema_translate_map={None:
   t0})))``: one tenant, no routing function, but every statement (the claim included) goes
   through the schema translation;
@@ -71,7 +71,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from inbox import Inbox, Message
-from inbox.core._backends import Claims
+from inbox._backends import Claims
 from inbox.schema import inbox_message
 from inbox.schema import metadata as inbox_metadata
 

@@ -29,7 +29,7 @@ from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.ddl import BaseDDLElement
 from sqlalchemy.types import TypeDecorator
 
-from inbox.core._backends import families, family_of, with_family_types
+from inbox._backends import families, family_of, with_family_types
 from inbox.errors import ConfigurationError
 
 # The public names. The default names, column types, limits and resolvers below are the

@@ -135,7 +135,7 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
                 task = asyncio.create_task(inbox.process(fixed(1)))
                 if point == "claim-check" and adb.driver == "psycopg":
                     # No claim check on psycopg: the server's reported marker says the
-                    # transaction is the claim's (inbox/core/_backends/postgresql/_psycopg.py).
+                    # transaction is the claim's (inbox/_backends/postgresql/_psycopg.py).
                     assert (await task).outcome is Outcome.PROCESSED
                     assert cancelled_at == []
                     assert adb.db.effect_counts() == BOTH_EFFECTS

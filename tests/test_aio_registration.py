@@ -22,8 +22,8 @@ from inbox import (
     SessionConfigurationError,
     UnsupportedDialect,
 )
+from inbox._backends import check_supported
 from inbox.aio import AsyncInbox
-from inbox.core._backends import check_supported
 from inbox.schema import metadata
 
 

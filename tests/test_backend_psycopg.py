@@ -1,4 +1,4 @@
-"""PostgreSQL through psycopg 3 (inbox/core/_backends/postgresql/_psycopg.py): BEGIN and the
+"""PostgreSQL through psycopg 3 (inbox/_backends/postgresql/_psycopg.py): BEGIN and the
 prepared claim in one round trip, no claim check (the server's reported marker tells the
 transaction's end), counted on the wire by a proxy, semantics unchanged: the connection's
 transaction settings, every prepare_threshold, a lost claim committing nothing, psycopg

@@ -20,7 +20,7 @@ from support.aio import async_engine, run
 from support.databases import Database
 
 from inbox import InboxError
-from inbox.core._backends import Claims
+from inbox._backends import Claims
 from inbox.message import uuid7
 from inbox.schema import inbox_message, inbox_table
 from inbox.schema import metadata as inbox_metadata

@@ -1,8 +1,8 @@
 """The dialect rule: what each database family knows lives in its package under
-``inbox/core/_backends/`` (docs/architecture.md, "Where to change X": a database dialect or
+``inbox/_backends/`` (docs/architecture.md, "Where to change X": a database dialect or
 driver). Anywhere else in ``inbox/`` there is no ``dialect.name`` comparison, no dialect
 name, no SQLSTATE and no MySQL/MariaDB error number: the code asks the family
-(``inbox.core._backends.family_of``) instead.
+(``inbox._backends.family_of``) instead.
 
 The scan reads each module's syntax tree, so a docstring or a comment that names a database
 is not a violation; a dialect name in an f-string (an error message) is not either.
@@ -19,7 +19,7 @@ from typing import Final
 PACKAGE: Final = Path(__file__).resolve().parents[1] / "inbox"
 
 # The families' own packages: where the knowledge belongs.
-BACKENDS: Final = "core/_backends/"
+BACKENDS: Final = "_backends/"
 ALLOWED: Final = (
     BACKENDS,
     # Alembic revisions are frozen history: each spells its DDL per dialect as it was when
@@ -114,8 +114,8 @@ def all_violations() -> list[str]:
 def test_database_knowledge_stays_in_the_backends() -> None:
     found = all_violations()
     assert not found, (
-        f"{len(found)} piece(s) of database knowledge outside inbox/core/_backends/ "
-        "(ask the family: inbox.core._backends.family_of(bind)):\n" + "\n".join(found)
+        f"{len(found)} piece(s) of database knowledge outside inbox/_backends/ "
+        "(ask the family: inbox._backends.family_of(bind)):\n" + "\n".join(found)
     )
 
 

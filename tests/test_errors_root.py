@@ -29,7 +29,7 @@ ALLOWED_RAISES: dict[tuple[str, str], str] = {
     ("_amqp/confirms.py", "TimeoutError"): "caught by the edge, which reconnects",
     ("broker/_forwarder.py", "TimeoutError"): "caught by the worker, which reconnects",
     ("broker/_forwarder.py", "RuntimeError"): "an invariant of the forwarder: a bug if seen",
-    ("core/_backends/postgresql/_psycopg.py", "AssertionError"): "an invariant of the pipeline",
+    ("_backends/postgresql/_psycopg.py", "AssertionError"): "an invariant of the pipeline",
     ("delivery/_policy.py", "TypeError"): "an invariant: a stop signal is never decided on",
     ("_cli/signals.py", "KeyboardInterrupt"): "SIGTERM stops a command as Ctrl-C does",
     ("outbox/_row.py", "KeyError"): "a mapping without a column: what a lookup raises",

@@ -111,28 +111,28 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
     # identifiers; values are always bound parameters.
     # Each call by its first 56 characters: enough to tell them apart.
     assert {path: [call[:56] for call in calls] for path, calls in found.items()} == {
-        "core/_backends/postgresql/_claims.py": [
+        "_backends/postgresql/_claims.py": [
             # the marker the PostgreSQL claim sets: constants
             "literal_column(\"'on'\")",
             "literal_column(\"'default_transaction_read_only'\")",
             "literal_column(\"'on'\")",
             "literal_column('true')",
         ],
-        "core/_backends/postgresql/_family.py": [
+        "_backends/postgresql/_family.py": [
             "text('SELECT coalesce(sum(pg_total_relation_size(c.oid))",
             'text("SELECT DISTINCT n.nspname FROM pg_catalog.pg_class',
         ],
-        "core/_backends/mysql/_backend.py": [
+        "_backends/mysql/_backend.py": [
             "exec_driver_sql('UNLOCK TABLES')",
         ],
-        "core/_backends/mysql/_family.py": [
+        "_backends/mysql/_family.py": [
             "text('SELECT coalesce(sum(data_length + index_length), 0",
             'text("SELECT DISTINCT table_schema FROM information_sche',
             "text('SET TRANSACTION ISOLATION LEVEL READ COMMITTED')",
             "DDL('ALTER TABLE %(fullname)s AUTO_INCREMENT = 1')",
             "exec_driver_sql('SELECT @@max_allowed_packet')",  # a constant
         ],
-        "core/_backends/sqlite/_family.py": [
+        "_backends/sqlite/_family.py": [
             "literal_column('rowid')",
             "text(\"SELECT count(*) FROM sqlite_master WHERE name = 's",
             "text('DELETE FROM sqlite_sequence WHERE name = :name')",

@@ -47,8 +47,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "inbox._amqp.frames",
         "inbox.delivery._inbound",
     ): "undecodable properties, as delivery reads them",
-    ("inbox.admin._dlq_commands", "inbox.delivery._policy"): "DeadLetterReason for --reason",
-    ("inbox.console._dead_letter_pages", "inbox.delivery._policy"): "DeadLetterReason filters",
     ("inbox.broker.*", "inbox.telemetry"): "the worker's spans, counters and /metrics endpoint",
     (
         "inbox.broker._health_cli",
@@ -60,23 +58,26 @@ ALLOWED: dict[tuple[str, str], str] = {
         "inbox.outbox._arguments",
         "inbox.core._bodies",
     ): "typed bodies published as the core parses them",
-    ("inbox.outbox._session", "inbox.core._backends._autocommit"): "autocommit read per driver",
+    ("inbox.outbox._session", "inbox._backends._autocommit"): "autocommit read per driver",
     ("inbox.retention.*", "inbox.partitioning"): "retention drops expired partitions",
-    ("inbox.admin._status", "inbox.partitioning._catalog"): "inbox status lists the partitions",
-    ("inbox.admin._commands", "inbox.retention._targets"): "--schema / --all-schemas tables",
-    ("inbox.console._command", "inbox.retention._targets"): "--schema / --all-schemas tables",
-    ("inbox.console.*", "inbox.admin"): "the console is a front end on the operator's operations",
-    ("inbox.admin.*", "inbox.console._command"): "`inbox console`, imported only when asked for",
     ("inbox.testing.*", "inbox.core._registration"): "failing_after swaps a handler; the session",
     ("inbox.testing._scenarios", "inbox.core._handlers"): "failing_after wraps a RegisteredHandler",
     ("inbox.testing.harness", "inbox.broker._idle"): "the harness runs a real worker until idle",
+    ("inbox.admin.*", "inbox.operations"): "the inbox command is a front end on the operations",
+    ("inbox.console.*", "inbox.operations"): "the console is a front end on the operations",
+    ("inbox.operations._filters", "inbox.delivery._policy"): "DeadLetterReason for --reason",
+    ("inbox.operations._status", "inbox.partitioning._catalog"): "inbox status lists partitions",
+    ("inbox.operations._tables", "inbox.retention._targets"): "--schema / --all-schemas tables",
+    ("inbox.celery.*", "inbox.delivery"): "the Celery edge carries out delivery's decisions",
+    (
+        "inbox.celery._task",
+        "inbox.core._handlers",
+    ): "a task's claim key computed as the core computes its handler's",
 }
 
 # (importer, imported module) imported inside a function although the imported module (or its
 # package) reaches the importer (or its package) at module level.
-UPWARD_IN_FUNCTIONS: dict[tuple[str, str], str] = {
-    ("inbox.admin.*", "inbox.console._command"): "the console (built on admin) loaded when asked",
-}
+UPWARD_IN_FUNCTIONS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

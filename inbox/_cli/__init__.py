@@ -219,7 +219,7 @@ def quiet_closed_stdout() -> None:
 
 
 # The table's name in each family's message for a table that is not there (which error that
-# is, each family knows: core/_backends/).
+# is, each family knows: _backends/).
 _MISSING_TABLE = re.compile(
     r"no such table: (?P<sqlite>\S+)|relation \"(?P<pg>[^\"]+)\" does not exist"
     r"|Table '(?P<mysql>[^']+)' doesn't exist"
@@ -232,7 +232,7 @@ def unmigrated(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", None)
     if orig is None:
         return None
-    from inbox.core._backends import is_missing_table
+    from inbox._backends import is_missing_table
 
     if not is_missing_table(orig):
         return None

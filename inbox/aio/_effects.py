@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from inbox._backends import check_supported
 from inbox.aio._completion import run_to_completion
-from inbox.core._backends import check_supported
 from inbox.core._run import HandlerRun
 from inbox.core._steps import Failed
 from inbox.core.effects._blocking import ledger_engine

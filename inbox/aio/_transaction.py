@@ -20,8 +20,8 @@ from typing import cast
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from inbox._backends import ClaimRow, Claims
 from inbox.aio._completion import run_to_completion
-from inbox.core._backends import ClaimRow, Claims
 from inbox.core._guards import Guards
 from inbox.core._handlers import RegisteredHandler
 from inbox.core._transaction import HandlerTransaction

@@ -16,7 +16,7 @@ from kombu.utils.json import dumps, loads
 from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, Text, select
 from sqlalchemy.orm import Session
 
-from inbox.core._backends import with_family_types
+from inbox._backends import with_family_types
 from inbox.errors import InboxError
 from inbox.schema import HANDLER_NAME_MAX_LENGTH, BinaryUUID, UTCDateTime
 

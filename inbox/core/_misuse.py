@@ -23,8 +23,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction
 
-from inbox.core._backends import Backend, Claims, TransactionState
-from inbox.core._backends._autocommit import autocommits
+from inbox._backends import Backend, Claims, TransactionState
+from inbox._backends._autocommit import autocommits
 from inbox.core._retry import is_transient
 from inbox.core._startup import server_unreachable
 from inbox.errors import ClaimCommittedEarly, TransactionControlError

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from sqlalchemy import Table
 
-from inbox.core._backends import Claims
+from inbox._backends import Claims
 from inbox.core._batch_handlers import check_batch_handler, one_element
 from inbox.core._bodies import body_parser
 from inbox.core._chain import check_layers, wrap_delivery, wrap_handler

@@ -18,7 +18,7 @@ from typing import Any, Final, TypeAlias, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-from inbox.core._backends import is_transient_error
+from inbox._backends import is_transient_error
 from inbox.core._steps import Ended, Failed, Pause, advance, outcome
 
 __all__ = ["Backoff", "Rerun", "is_transient", "log_retry", "rerun", "run_with_retries"]
@@ -50,7 +50,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _is_transient_dbapi_error(exc: DBAPIError) -> bool:
-    # Which error codes say so is each database family's knowledge (core/_backends/).
+    # Which error codes say so is each database family's knowledge (_backends/).
     return exc.connection_invalidated or is_transient_error(exc.orig)
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
-from inbox.core._backends import check_supported
+from inbox._backends import check_supported
 from inbox.errors import SessionConfigurationError
 
 __all__ = ["check_session_factory", "refuse_busy_session", "refuse_shared_transaction"]

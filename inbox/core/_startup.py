@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import Connection, Engine, Select, Table, column, inspect, select, table
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, UnboundExecutionError
 
-from inbox.core._backends import is_unreachable_error
+from inbox._backends import is_unreachable_error
 from inbox.errors import InboxError
 from inbox.schema import inbox_effect
 

@@ -10,7 +10,7 @@ The whole idea, as :meth:`inbox.Inbox.process` runs it for one handler::
 
 A concurrent duplicate blocks on the uncommitted claim row and then sees the winner's
 outcome, so there is no "processing" state to repair after a crash. What is particular to a
-database and driver lives in its backend (:mod:`inbox.core._backends`); the checks for handlers
+database and driver lives in its backend (:mod:`inbox._backends`); the checks for handlers
 that end the transaction themselves in :mod:`inbox.core._misuse`.
 """
 
@@ -25,9 +25,9 @@ from types import TracebackType
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, SessionTransaction
 
+from inbox._backends import Backend, Claimed, ClaimRow, Claims, TransactionState, backend_for
+from inbox._backends._autocommit import refuse_autocommit
 from inbox.core import _misuse as misuse
-from inbox.core._backends import Backend, Claimed, ClaimRow, Claims, TransactionState, backend_for
-from inbox.core._backends._autocommit import refuse_autocommit
 from inbox.core._guards import Guards, guard, unguard
 from inbox.core._handlers import RegisteredHandler
 from inbox.core._run import CURRENT_RUN, HandlerRun

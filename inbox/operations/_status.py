@@ -20,7 +20,7 @@ from sqlalchemy import (
     select,
 )
 
-from inbox.core._backends import family_of
+from inbox._backends import family_of
 from inbox.partitioning._catalog import is_partitioned, list_partitions
 
 __all__ = [

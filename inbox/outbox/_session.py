@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Mapper, Session, scoped_session
 
-from inbox.core._backends._autocommit import autocommits
+from inbox._backends._autocommit import autocommits
 from inbox.errors import SessionConfigurationError
 from inbox.outbox._mapping import OutboxRecord
 

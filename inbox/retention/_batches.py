@@ -42,7 +42,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ProgrammingError
 
-from inbox.core._backends import Family, family_of, is_missing_table
+from inbox._backends import Family, family_of, is_missing_table
 from inbox.retention._pg_walk import Step, pg_step
 from inbox.retention._sizing import BatchSizing
 

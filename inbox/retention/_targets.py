@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, Table
 
-from inbox.core._backends import family_of
+from inbox._backends import family_of
 from inbox.errors import ConfigurationError
 from inbox.schema import DEFAULT_EFFECT_TABLE_NAME, resolve_table
 

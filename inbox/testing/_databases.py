@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateSchema, DropSchema
 
-from inbox.core._backends import family_of_url, server_families
+from inbox._backends import family_of_url, server_families
 from inbox.errors import ConfigurationError
 from inbox.schema import metadata as inbox_metadata
 

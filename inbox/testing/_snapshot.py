@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, MetaData, Table, delete, insert, select
 
-from inbox.core._backends import family_of
+from inbox._backends import family_of
 from inbox.errors import ConfigurationError
 
 __all__ = ["Database", "Rows", "Snapshot"]

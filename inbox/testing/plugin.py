@@ -118,7 +118,7 @@ def inbox_effect_store(
     """What to pass as ``Inbox(..., effect_store=)`` for ``inbox.effect``: on SQLite an
     engine on a second file with the effect table (SQLite needs one, docs/effects.md); on
     a server None (the effects are kept in the inbox's own database)."""
-    from inbox.core._backends import family_of
+    from inbox._backends import family_of
 
     if not family_of(inbox_database.engine).one_writer_at_a_time:
         yield None

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from inbox.core._backends import check_supported, family_of
+from inbox._backends import check_supported, family_of
 from inbox.core._steps import Failed
 from inbox.core.effects._identity import EffectRef
 from inbox.core.effects._pool import LedgerEngines

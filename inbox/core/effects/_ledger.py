@@ -27,7 +27,7 @@ from typing import Final
 from sqlalchemy import Connection, Insert, Table, Update, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from inbox.core._backends import Family, families
+from inbox._backends import Family, families
 from inbox.core.effects._identity import EffectMode, EffectRef
 from inbox.errors import UncertainEffect
 from inbox.telemetry import record_effect

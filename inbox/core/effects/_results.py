@@ -21,8 +21,8 @@ from typing import Any, Final
 
 from sqlalchemy.exc import DataError, DBAPIError
 
+from inbox._backends import refuses_value
 from inbox._oneline import describe_error
-from inbox.core._backends import refuses_value
 from inbox.core.effects._identity import EffectRef
 from inbox.core.effects._ledger import ResultTooLarge
 from inbox.errors import EffectError

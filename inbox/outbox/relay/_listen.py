@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from sqlalchemy import Engine, Table
 
-from inbox.core._backends import family_of
+from inbox._backends import family_of
 from inbox.outbox.relay._refusals import error_line
 
 __all__ = ["Wakeup"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, MetaData, Table, bindparam, delete, select, update
 
-from inbox.core._backends import family_of
+from inbox._backends import family_of
 from inbox.errors import ConfigurationError
 from inbox.outbox._amqp_limits import check_headers
 from inbox.outbox._arguments import short_string

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Dialect, Select, Table, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 
-from inbox.core._backends._family import ClaimStatements, Family, families
+from inbox._backends._family import ClaimStatements, Family, families
 from inbox.errors import InboxError
 
 __all__ = ["Claims", "translation_key", "won"]
@@ -34,7 +34,7 @@ class Claims:
     """The claim statements of one inbox table, built once per family, and run on a
     ``Connection`` through SQLAlchemy (the path every driver takes; psycopg 3 has a faster
     one of its own for the first claim of a transaction,
-    :mod:`inbox.core._backends.postgresql._psycopg`)."""
+    :mod:`inbox._backends.postgresql._psycopg`)."""
 
     def __init__(self, table: Table) -> None:
         self.table = table

@@ -11,7 +11,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import TypeEngine
 
-from inbox.core._backends._family import ClaimStatements, ColumnKind, Family
+from inbox._backends._family import ClaimStatements, ColumnKind, Family
 
 __all__ = ["MySQLFamily"]
 
@@ -52,7 +52,7 @@ class MySQLFamily(Family):
 
     def backend(self, driver: str) -> object | None:
         """A deadlock that rolled the transaction back remembered as it happens."""
-        from inbox.core._backends.mysql._backend import MySQLBackend
+        from inbox._backends.mysql._backend import MySQLBackend
 
         return MySQLBackend()
 

@@ -8,7 +8,7 @@ class would do the same with several times the client work, and its implicit ``B
 waits for its own answer before anything else is sent.
 
 The steps here only speak the protocol; they yield when they must wait on the socket
-(:mod:`inbox.core._backends._waits`), so blocking and async code share them. psycopg's
+(:mod:`inbox._backends._waits`), so blocking and async code share them. psycopg's
 ``Connection`` reads the transaction status from the same libpq connection, so afterwards
 it sees an open transaction and manages it as usual (no ``BEGIN`` of its own).
 """
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from inbox.core._backends._waits import READ, READ_WRITE, Protocol
+from inbox._backends._waits import READ, READ_WRITE, Protocol
 
 if TYPE_CHECKING:
     from psycopg.pq.abc import PGconn, PGresult

@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ColumnElement
 
-from inbox.core._backends._family import ClaimStatements, Family
+from inbox._backends._family import ClaimStatements, Family
 
 __all__ = ["SQLiteFamily"]
 
@@ -41,7 +41,7 @@ class SQLiteFamily(Family):
 
     def backend(self, driver: str) -> object | None:
         """A statement an exit exception cut short is closed at once."""
-        from inbox.core._backends.sqlite._backend import SQLiteBackend
+        from inbox._backends.sqlite._backend import SQLiteBackend
 
         return SQLiteBackend()
 

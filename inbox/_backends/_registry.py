@@ -9,8 +9,8 @@ from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.types import TypeEngine
 
-from inbox.core._backends import mysql, postgresql, sqlite
-from inbox.core._backends._family import (
+from inbox._backends import mysql, postgresql, sqlite
+from inbox._backends._family import (
     ColumnKind,
     Family,
     FamilyCache,

@@ -2,7 +2,7 @@
 
 The rest of the library never names a database. Where it must do something a family does its
 own way (a claim, an insert-or-ignore, a row lock, a batched delete, a status query, an error
-code), it asks the family of its engine or connection (``inbox.core._backends.family_of``),
+code), it asks the family of its engine or connection (``inbox._backends.family_of``),
 found once per dialect. Each family's package (``postgresql/``, ``mysql/``, ``sqlite/``)
 subclasses :class:`Family` and overrides what it does differently; the answers here are
 those of a database that can do none of it.
@@ -201,7 +201,7 @@ _registered: dict[str, Family] = {}
 
 def register(*registered: Family) -> None:
     """Make ``registered`` the families :func:`family_named` finds, by their dialect names
-    (``inbox.core._backends._registry`` calls it with its ``FAMILIES``)."""
+    (``inbox._backends._registry`` calls it with its ``FAMILIES``)."""
     for family in registered:
         for name in family.names:
             _registered[name] = family

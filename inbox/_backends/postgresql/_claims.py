@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 
-from inbox.core._backends._family import ClaimStatements
+from inbox._backends._family import ClaimStatements
 
 __all__ = ["MARKER", "claim_statements", "marked_claim"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from inbox.core._backends._family import families
+from inbox._backends._family import families
 from inbox.errors import SessionConfigurationError
 
 __all__ = ["autocommits", "refuse_autocommit"]

@@ -15,7 +15,7 @@ from typing import Final
 from sqlalchemy import Connection
 from sqlalchemy.engine import ExceptionContext
 
-from inbox.core._backends._base import Backend, Claimed, TransactionState
+from inbox._backends._base import Backend, Claimed, TransactionState
 
 __all__ = ["MySQLBackend"]
 

@@ -17,7 +17,7 @@ family (package)           backend per driver
 =========================  ===============================================================
 
 A new family is a package with a :class:`Family` subclass, and one line in
-:data:`~inbox.core._backends._registry.FAMILIES`. Callers outside find their family with
+:data:`~inbox._backends._registry.FAMILIES`. Callers outside find their family with
 :func:`family_of` (once per dialect class), never by the dialect's name.
 """
 
@@ -28,10 +28,10 @@ from typing import cast
 
 from sqlalchemy import Dialect
 
-from inbox.core._backends._base import Backend, Claimed, ClaimRow, TransactionState
-from inbox.core._backends._claims import Claims
-from inbox.core._backends._family import ClaimStatements, Family
-from inbox.core._backends._registry import (
+from inbox._backends._base import Backend, Claimed, ClaimRow, TransactionState
+from inbox._backends._claims import Claims
+from inbox._backends._family import ClaimStatements, Family
+from inbox._backends._registry import (
     FAMILIES,
     SUPPORTED_DRIVERS,
     FamilyCache,

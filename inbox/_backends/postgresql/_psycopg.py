@@ -2,13 +2,13 @@
 the transaction's end read from what the server reported.
 
 A handler transaction is ``BEGIN; claim; <handler>; COMMIT``. Here the first two go out
-together on the libpq connection (:mod:`inbox.core._backends.postgresql._libpq`): the handler
+together on the libpq connection (:mod:`inbox._backends.postgresql._libpq`): the handler
 transaction makes exactly the round trips of the handler's own transaction. The claim is a named
 prepared statement of its own (``_inbox_claim_N``, parsed once per connection), so the
 server neither parses nor plans it per message.
 
 Before the COMMIT, :meth:`PsycopgBackend.state` reads libpq's transaction status and the
-marker the claim set (:data:`~inbox.core._backends.postgresql._claims.MARKER`): both local,
+marker the claim set (:data:`~inbox._backends.postgresql._claims.MARKER`): both local,
 no round trip.
 
 Anything unexpected on the fast path (a statement the server no longer knows, an error
@@ -30,18 +30,18 @@ from typing import TYPE_CHECKING, Any, Final
 from sqlalchemy import Connection, Dialect, Table
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
-from inbox.core._backends._autocommit import refuse_autocommit
-from inbox.core._backends._base import Backend, Claimed, ClaimRow, TransactionState
-from inbox.core._backends._claims import Claims, translation_key, won
-from inbox.core._backends._waits import drive, drive_async
-from inbox.core._backends.postgresql._claims import MARKER, marked_claim
-from inbox.core._backends.postgresql._libpq import (
+from inbox._backends._autocommit import refuse_autocommit
+from inbox._backends._base import Backend, Claimed, ClaimRow, TransactionState
+from inbox._backends._claims import Claims, translation_key, won
+from inbox._backends._waits import drive, drive_async
+from inbox._backends.postgresql._claims import MARKER, marked_claim
+from inbox._backends.postgresql._libpq import (
     ClaimText,
     PipelineFailed,
     begin_and_claim,
     simple_command,
 )
-from inbox.core._backends.postgresql._psycopg2 import LIBPQ_IDLE, LIBPQ_IN_TRANSACTION, state_from
+from inbox._backends.postgresql._psycopg2 import LIBPQ_IDLE, LIBPQ_IN_TRANSACTION, state_from
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

@@ -7,7 +7,7 @@ import contextlib
 
 from sqlalchemy.engine import ExceptionContext
 
-from inbox.core._backends._base import Backend
+from inbox._backends._base import Backend
 
 __all__ = ["SQLiteBackend"]
 

@@ -1,6 +1,6 @@
 """PostgreSQL through psycopg2: the claim sets the marker, and the client reads it back.
 
-The claim statement sets :data:`~inbox.core._backends.postgresql._claims.MARKER` for its own
+The claim statement sets :data:`~inbox._backends.postgresql._claims.MARKER` for its own
 transaction; PostgreSQL 14+ reports each change of it, and libpq keeps the latest report. Before the
 COMMIT, the transaction is known to be the claim's own when libpq says a healthy transaction
 is open and the marker still reads ``on``: any COMMIT or ROLLBACK under the handler would
@@ -18,9 +18,9 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from inbox.core._backends._base import Backend, Claimed, ClaimRow, TransactionState
-from inbox.core._backends._claims import Claims
-from inbox.core._backends.postgresql._claims import MARKER
+from inbox._backends._base import Backend, Claimed, ClaimRow, TransactionState
+from inbox._backends._claims import Claims
+from inbox._backends.postgresql._claims import MARKER
 
 __all__ = ["LIBPQ_IDLE", "LIBPQ_IN_ERROR", "LIBPQ_IN_TRANSACTION", "Psycopg2Backend"]
 

@@ -2,9 +2,9 @@
 module per driver where the drivers differ: psycopg 3 with libpq pipelining (``_psycopg``,
 ``_libpq``), psycopg2 (``_psycopg2``); asyncpg and pg8000 take the generic backend."""
 
-from inbox.core._backends.postgresql._family import PostgreSQLFamily
+from inbox._backends.postgresql._family import PostgreSQLFamily
 
 __all__ = ["FAMILY"]
 
 FAMILY = PostgreSQLFamily()
-"""The PostgreSQL family, as registered in :mod:`inbox.core._backends._registry`."""
+"""The PostgreSQL family, as registered in :mod:`inbox._backends._registry`."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
 
-from inbox.core._backends._claims import Claims
+from inbox._backends._claims import Claims
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

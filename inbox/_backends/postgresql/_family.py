@@ -9,8 +9,8 @@ from sqlalchemy import Connection, Insert, Table, func, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 
-from inbox.core._backends._family import ClaimStatements, Family
-from inbox.core._backends.postgresql._claims import claim_statements
+from inbox._backends._family import ClaimStatements, Family
+from inbox._backends.postgresql._claims import claim_statements
 
 __all__ = ["PostgreSQLFamily"]
 
@@ -61,11 +61,11 @@ class PostgreSQLFamily(Family):
         keep the base class's answer ("unknown": read the claim row), because neither tells
         publicly whether the open transaction is aborted."""
         if driver == "psycopg":
-            from inbox.core._backends.postgresql._psycopg import PsycopgBackend
+            from inbox._backends.postgresql._psycopg import PsycopgBackend
 
             return PsycopgBackend()
         if driver == "psycopg2":
-            from inbox.core._backends.postgresql._psycopg2 import Psycopg2Backend
+            from inbox._backends.postgresql._psycopg2 import Psycopg2Backend
 
             return Psycopg2Backend()
         return None

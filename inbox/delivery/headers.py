@@ -12,6 +12,18 @@ from typing import Any, Final
 
 from inbox._oneline import bounded, describe_error
 
+__all__ = [
+    "DEAD_LETTERED_AT",
+    "ERROR",
+    "FAILED_HANDLERS",
+    "FIRST_FAILURE",
+    "LAST_FAILURE",
+    "ORIGINAL_FIRST_FAILURE",
+    "REASON",
+    "SOURCE_QUEUE",
+    "TRIES",
+]
+
 TRIES: Final = "x-inbox-tries"
 """Attempts that failed so far (an int); absent on a delivery that never failed."""
 FIRST_FAILURE: Final = "x-inbox-first-failure"
@@ -33,7 +45,7 @@ ORIGINAL_FIRST_FAILURE: Final = "x-inbox-original-first-failure"
 """On a replayed message: UTC time of the first failure of its first delivery, ISO 8601.
 A replay removes the failure headers (the tries start again) but writes this one, the
 earliest time it knows, and nothing removes it: the retention guard dates a dead letter by
-it however often it was replayed (:mod:`inbox.admin._dead_letter_age`)."""
+it however often it was replayed (:mod:`inbox.operations._dead_letter_age`)."""
 
 _MAX_ERROR_CHARS: Final = 1000
 _MAX_TRIES_HEADER: Final = 2**31 - 1  # a signed 32-bit AMQP field: room to add one

@@ -19,6 +19,15 @@ from typing import Any, Final
 
 from inbox.errors import ConfigurationError
 
+__all__ = [
+    "DEFAULT_MAX_TRIES",
+    "DEFAULT_RETRY_DELAYS",
+    "QueueSpec",
+    "QueueTopology",
+    "QueueType",
+    "RetryPolicy",
+]
+
 DEFAULT_RETRY_DELAYS: Final = (1.0, 5.0, 30.0)
 DEFAULT_MAX_TRIES: Final = 4
 _MAX_QUEUE_NAME_BYTES: Final = 255

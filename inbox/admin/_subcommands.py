@@ -11,6 +11,7 @@ from typing import Final, Protocol, TextIO, runtime_checkable
 
 from sqlalchemy import Engine
 
+from inbox.errors import ConfigurationError
 from inbox.operations._tables import Tables
 
 __all__ = ["ENTRY_POINT_GROUP", "Subcommand", "discovered"]
@@ -48,11 +49,13 @@ class Subcommand(Protocol):
 
 def discovered() -> dict[str, Subcommand]:
     """The registered subcommands by name, sorted; a registration that is no
-    :class:`Subcommand` is a ``TypeError``."""
+    :class:`Subcommand` is a :class:`~inbox.ConfigurationError` (a ``TypeError`` too)."""
     found: dict[str, Subcommand] = {}
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         subcommand = entry.load()
         if not isinstance(subcommand, Subcommand):
-            raise TypeError(f"{entry.value} ({ENTRY_POINT_GROUP}) is not an inbox subcommand")
+            raise ConfigurationError(
+                f"{entry.value} ({ENTRY_POINT_GROUP}) is not an inbox subcommand"
+            )
         found.setdefault(entry.name, subcommand)
     return found

@@ -33,6 +33,7 @@ from inbox.delivery._plan import (
     Observer,
     Plan,
     Reply,
+    Routes,
     giving_back,
     plan,
 )
@@ -58,31 +59,36 @@ D_contra = TypeVar("D_contra", contravariant=True)
 D = TypeVar("D")
 
 
-class Transport(Protocol[D_contra]):
-    """What a blocking edge does on its broker, for one consumed queue. Every method is
-    about one delivery (``delivery``, as the broker library handed it over); none decides
-    anything."""
-
-    @property
-    def queue(self) -> str:
-        """The consumed queue, stream or subject."""
-        ...
-
-    @property
-    def dead_letters(self) -> str:
-        """Where dead letters go: ``<queue>.dlq``."""
-        ...
+class _Edge(Routes, Protocol[D_contra]):
+    """What both kinds of edge do without waiting: where copies go (:class:`Routes`), how a
+    delivery reads, whether a copy fits, whether a delivery can still be settled, stop."""
 
     def read(self, delivery: D_contra) -> Inbound:
         """The delivery's parts: id, type, headers as sent, body as it came, content type
         and encoding, compression."""
         ...
 
-    def retry_route(self, delay_ms: int) -> tuple[str, float]:
-        """Where a retry copy goes (a delay queue of its own, or the consumed queue) and how
-        long, in seconds, the edge holds the delivery before sending it: 0 when the broker
-        delays the copy itself (RabbitMQ's TTL queues, JetStream's NAK with delay)."""
+    def fits(self, delivery: D_contra, headers: Mapping[str, Any]) -> bool:
+        """Whether the copy with ``headers`` fits the broker's size limit (RabbitMQ's
+        ``frame_max`` for the header frame, NATS's max payload; True where there is none)."""
         ...
+
+    def settleable(self, delivery: D_contra) -> bool:
+        """Whether the delivery can still be acked (its channel or connection is alive)."""
+        ...
+
+    def stop(self, error: BaseException) -> None:
+        """A configuration error: stop consuming (the delivery was given back). May raise
+        the broker library's own stop signal."""
+        ...
+
+
+class Transport(_Edge[D_contra], Protocol[D_contra]):
+    """What a blocking edge does on its broker, for one consumed queue. Every method is
+    about one delivery (``delivery``, as the broker library handed it over); none decides
+    anything. Besides these three: ``queue``, ``dead_letters``, ``retry_route`` (where a
+    retry copy goes and how long, in seconds, the edge holds the delivery first: 0 when the
+    broker delays the copy itself), ``read``, ``fits``, ``settleable`` and ``stop``."""
 
     def ack(self, delivery: D_contra) -> bool:
         """Ack the delivery; False when its channel is gone (the broker gives it back)."""
@@ -101,42 +107,10 @@ class Transport(Protocol[D_contra]):
         (else 0, to ignore)."""
         ...
 
-    def fits(self, delivery: D_contra, headers: Mapping[str, Any]) -> bool:
-        """Whether the copy with ``headers`` fits the broker's size limit (RabbitMQ's
-        ``frame_max`` for the header frame, NATS's max payload; True where there is none)."""
-        ...
 
-    def settleable(self, delivery: D_contra) -> bool:
-        """Whether the delivery can still be acked (its channel or connection is alive)."""
-        ...
-
-    def stop(self, error: BaseException) -> None:
-        """A configuration error: stop consuming (the delivery was given back). May raise
-        the broker library's own stop signal."""
-        ...
-
-
-class AsyncTransport(Protocol[D_contra]):
+class AsyncTransport(_Edge[D_contra], Protocol[D_contra]):
     """:class:`Transport` for an asyncio edge: ``ack``, ``give_back`` and ``copy`` are
     awaited; everything else is the same."""
-
-    @property
-    def queue(self) -> str:
-        """The consumed queue, stream or subject."""
-        ...
-
-    @property
-    def dead_letters(self) -> str:
-        """Where dead letters go: ``<queue>.dlq``."""
-        ...
-
-    def read(self, delivery: D_contra) -> Inbound:
-        """See :meth:`Transport.read`."""
-        ...
-
-    def retry_route(self, delay_ms: int) -> tuple[str, float]:
-        """See :meth:`Transport.retry_route`."""
-        ...
 
     async def ack(self, delivery: D_contra) -> bool:
         """See :meth:`Transport.ack`."""
@@ -150,18 +124,6 @@ class AsyncTransport(Protocol[D_contra]):
         self, delivery: D_contra, target: str, headers: Mapping[str, Any], *, delay_ms: int
     ) -> None:
         """See :meth:`Transport.copy`."""
-        ...
-
-    def fits(self, delivery: D_contra, headers: Mapping[str, Any]) -> bool:
-        """See :meth:`Transport.fits`."""
-        ...
-
-    def settleable(self, delivery: D_contra) -> bool:
-        """See :meth:`Transport.settleable`."""
-        ...
-
-    def stop(self, error: BaseException) -> None:
-        """See :meth:`Transport.stop`."""
         ...
 
 

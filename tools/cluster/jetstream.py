@@ -77,11 +77,15 @@ class NatsNode:
 class NatsCluster:
     """Start, fault and tear down ``size`` JetStream servers, clustered when more than one."""
 
-    def __init__(self, size: int = 3, *, first_port: int = 4301) -> None:
+    def __init__(
+        self, size: int = 3, *, first_port: int = 4301, max_payload: int | None = None
+    ) -> None:
         if not 1 <= size <= 5:
             raise ValueError(f"size must be 1..5 nodes, got {size}")
         if not Path(NATS_SERVER).exists():
             raise ClusterError(f"nats-server not found at {NATS_SERVER} (set NATS_SERVER)")
+        self.max_payload = max_payload
+        """The servers' ``max_payload`` in bytes (headers and body), None for the default."""
         self.root = Path(tempfile.mkdtemp(prefix="inbox-nats-cluster-"))
         self._watchdog = Watchdog(self.root)
         clients = free_ports(size, first_port)
@@ -182,6 +186,11 @@ class NatsCluster:
             "-sd",
             str(node.directory / "store"),
         ]
+        if self.max_payload is not None:
+            # No command-line flag for it: a config file of one line.
+            config = node.directory / "server.conf"
+            config.write_text(f"max_payload: {self.max_payload}\n")
+            command += ["-c", str(config)]
         if len(self.nodes) > 1:
             routes = ",".join(
                 f"nats://127.0.0.1:{other.cluster_port}" for other in self.nodes if other != node

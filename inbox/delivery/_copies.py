@@ -4,7 +4,8 @@ the kombu worker (:mod:`inbox.broker._forwarder`) and the FastStream edge
 
 The headers the inbox adds can push a delivery whose own headers were near the broker's
 ``frame_max`` over it, and RabbitMQ answers a header frame over ``frame_max`` by closing
-the whole connection: the delivery comes back and the handlers run again, for ever. Such a
+the whole connection: the delivery comes back and the handlers run again, for ever (a NATS
+server does the same past its ``max_payload``, headers and body counted). Such a
 copy goes to the dead-letter queue instead (``copy-too-large``), with the delivery's own
 headers dropped and named, and only the bookkeeping kept. Nothing here does I/O.
 """
@@ -34,7 +35,7 @@ def trimmed_headers(own: Mapping[str, Any], added: Mapping[str, Any]) -> dict[st
     trimmed[h.REASON] = str(DeadLetterReason.COPY_TOO_LARGE)
     trimmed[h.DEAD_LETTERED_AT] = h.now_utc()
     trimmed[h.ERROR] = h.truncate(
-        f"the copy did not fit in one AMQP frame; headers dropped: {', '.join(dropped)}"
+        f"the copy did not fit the broker's size limit; headers dropped: {', '.join(dropped)}"
         + (f"; it was for: {added[h.REASON]}" if h.REASON in added else "")
         + (f"; latest failure: {added[h.ERROR]}" if h.ERROR in added else "")
     )

@@ -133,12 +133,12 @@ class Settling:
         own: Mapping[str, Any],
         added: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """Count and log a copy for ``target`` that does not fit in one frame, which goes to
-        ``dead_letters`` instead; the trimmed headers it goes with
-        (:func:`inbox.delivery._copies.trimmed_headers`)."""
+        """Count and log a copy for ``target`` that does not fit the broker's size limit (one
+        AMQP frame, NATS's ``max_payload``), which goes to ``dead_letters`` instead; the
+        trimmed headers it goes with (:func:`inbox.delivery._copies.trimmed_headers`)."""
         self.logger.error(
-            "message %s: its copy for %s does not fit in one frame; dead-lettered to %s with "
-            "its own headers trimmed",
+            "message %s: its copy for %s does not fit the broker's size limit; dead-lettered "
+            "to %s with its own headers trimmed",
             message_id,
             target,
             dead_letters,

@@ -153,7 +153,8 @@ class InboxEdge:
 
     @property
     def halted_by(self) -> BaseException | None:
-        """The configuration error that stopped this edge, if one did."""
+        """The configuration error (or, on NATS, the closed connection) that stopped this
+        edge, if one did."""
         return self._settling.halted_by
 
     async def handle(self, msg: StreamMessage[Any]) -> None:

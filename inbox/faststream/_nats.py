@@ -7,31 +7,29 @@ failed try is given back with ``NAK {delay}`` (the transport's "copy" to the con
 subject is that redelivery; nothing is published). The consumer's
 ``max_deliver`` bounds the deliveries that ended without any decision (a consumer that died,
 ``ack_wait`` that ran out); a message that fails ``max_tries`` times is dead-lettered by the
-edge before JetStream would give up on it. A dead letter is published to
-``<subject>.dlq``, captured by the stream ``<stream>_dlq``, and acknowledged by JetStream
-(its ``PubAck``) before the delivery is acked. What this cannot promise is in
-docs/faststream.md.
+edge before JetStream would give up on it (an existing durable's lower ``max_deliver`` is
+raised first). A NAK carries no headers: a retry's failure headers are kept in a key-value
+bucket and read back on the redelivery (:mod:`inbox.faststream._nats_consumer`). A dead
+letter is published to ``<subject>.dlq``, captured by the stream ``<stream>_dlq``, and
+acknowledged by JetStream (its ``PubAck``) before the delivery is acked; one over the
+server's ``max_payload`` goes trimmed. The transport and the edge are in
+:mod:`inbox.faststream._nats_transport`; what this cannot promise is in docs/faststream.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final
 
 from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
-from faststream.nats.message import NatsMessage
-from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import Error as JetStreamError
 
 from inbox.aio import AsyncInbox
-from inbox.delivery import headers as h
-from inbox.delivery._inbound import Inbound
 from inbox.delivery.topology import RetryPolicy
-from inbox.errors import ConfigurationError, CopyRefused
-from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of
+from inbox.errors import ConfigurationError
+from inbox.faststream._nats_consumer import RetryHistory
+from inbox.faststream._nats_transport import NatsEdge, NatsTransport
 from inbox.faststream._subscription import InboxSubscription, check_positive
 
 __all__ = ["subscribe_nats_stream"]
@@ -63,10 +61,14 @@ def subscribe_nats_stream(
     committed or found it a duplicate. A failed try is NAKed with the delay of ``retry`` and
     JetStream delivers it again; the last one (``retry.max_tries``), or a message that cannot
     be a message, is published to ``<subject>.dlq`` (stream ``<stream>_dlq``) with the
-    ``x-inbox-*`` headers and acked once JetStream stored it. Every delivery counts as a try,
-    one that died without a decision too. ``max_deliver`` (default ``max_tries + 3``) is the
-    consumer's bound on deliveries; ``ack_wait`` (seconds) how long JetStream waits for a
-    decision before it delivers again. Up to ``max_workers`` messages are processed at once.
+    ``x-inbox-*`` headers (a retry's kept in the bucket ``<stream>_inbox_retries`` across
+    the NAKs; trimmed when over the server's ``max_payload``) and acked once JetStream stored
+    it. Every delivery counts as a try, one that died without a decision too.
+    ``max_deliver`` (default ``max_tries + 3``) is the consumer's bound on deliveries, raised
+    on an existing durable below it before the first delivery; ``ack_wait`` (seconds) how
+    long JetStream waits for a decision before it delivers again. Up to ``max_workers``
+    messages are processed at once. A closed connection stops the subscriber
+    (``.halted_by``).
 
     Raises :class:`~inbox.ConfigurationError` for a wildcard ``subject`` (its ``.dlq`` would
     be captured by the consumed stream), or ``max_deliver`` below ``max_tries`` (JetStream
@@ -98,12 +100,15 @@ def subscribe_nats_stream(
     # A publisher declares the dead-letter stream when the broker starts, beside the
     # consumed one the subscriber declares.
     broker.publisher(f"{subject}.dlq", stream=dead_letters, include_in_schema=False)
-    edge = InboxEdge(
+    replicas = consumed.config.num_replicas or 1
+    history = RetryHistory(broker, consumed.name, durable, replicas)
+    edge = NatsEdge(
         inbox,
-        _NatsTransport(broker, subject, dead_letters.name),
+        NatsTransport(broker, subject, dead_letters.name, history),
         policy,
         default_content_type=default_content_type,
     )
+    edge.consumer = (consumed.name, durable, max_deliver)
     subscriber = broker.subscriber(
         subject,
         stream=consumed,
@@ -127,80 +132,3 @@ def subscribe_nats_stream(
 
 async def _as_is(msg: StreamMessage[Any]) -> StreamMessage[Any]:
     return msg  # the edge decodes the body itself (see _rabbit._as_is)
-
-
-class _NatsTransport(FastStreamTransport):
-    """A retry is JetStream's redelivery (a NAK with the delay); a dead letter is published
-    to ``<subject>.dlq`` and acknowledged by JetStream. Both streams are declared when the
-    broker starts."""
-
-    def __init__(self, broker: NatsBroker, subject: str, dead_letter_stream: str) -> None:
-        super().__init__(subject)
-        self.broker = broker
-        self.dead_letter_stream = dead_letter_stream
-
-    def read(self, msg: StreamMessage[Any]) -> Inbound:
-        headers: dict[str, Any] = dict(msg.headers)
-        delivered = _num_delivered(msg)
-        if delivered is not None:
-            # JetStream's own count: a try that died with its consumer counts too.
-            headers[h.TRIES] = delivered - 1
-        else:
-            tries = headers.get(h.TRIES)
-            if isinstance(tries, str) and tries.isdigit():
-                headers[h.TRIES] = int(tries)
-        return Inbound(
-            headers.get("message_id") or headers.get("Nats-Msg-Id"),
-            headers.get("type"),
-            headers,
-            msg.body,
-            headers.get("content-type") or None,
-            headers.get("content-encoding"),
-            compression_of(headers),
-        )
-
-    def retry_route(self, delay_ms: int) -> tuple[str, float]:
-        return self.queue, 0.0  # JetStream holds it: the "copy" is a NAK with the delay
-
-    async def send(
-        self, msg: StreamMessage[Any], target: str, headers: Mapping[str, Any], delay_ms: int
-    ) -> None:
-        try:
-            if target == self.queue:
-                # The retry: JetStream delivers this message again after the delay and
-                # counts the delivery; the edge's ack that follows is then a no-op.
-                delay = delay_ms / 1000
-                await (msg.nack(delay=delay) if isinstance(msg, NatsMessage) else msg.nack())
-                return
-            sent = {key: str(value) for key, value in headers.items()}
-            metadata = _metadata(msg)
-            if metadata is not None:
-                # A consumer that dies between this publish and the ack publishes it again
-                # on the redelivery: JetStream drops the second within its duplicate window.
-                sequence = metadata.sequence.stream
-                sent["Nats-Msg-Id"] = f"{metadata.stream}:{sequence}:dead-letter"
-            correlation_id = sent.pop("correlation_id", None) or msg.correlation_id
-            await self.broker.publish(
-                msg.body,
-                target,
-                headers=sent,
-                correlation_id=correlation_id,
-                stream=self.dead_letter_stream,
-            )
-        except (NatsError, JetStreamError, ConnectionError, TimeoutError) as exc:
-            raise CopyRefused(f"{type(exc).__name__}: {exc}") from exc
-
-    def settleable(self, msg: StreamMessage[Any]) -> bool:
-        return True  # a message stays pending on its consumer until acked or ack_wait passes
-
-
-def _metadata(msg: StreamMessage[Any]) -> Any:
-    try:
-        return msg.raw_message.metadata
-    except Exception:  # not a JetStream delivery (a test broker's message)
-        return None
-
-
-def _num_delivered(msg: StreamMessage[Any]) -> int | None:
-    metadata = _metadata(msg)
-    return None if metadata is None else int(metadata.num_delivered)

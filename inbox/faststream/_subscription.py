@@ -29,7 +29,8 @@ class InboxSubscription:
 
     @property
     def halted_by(self) -> BaseException | None:
-        """The configuration error that stopped this subscriber, if one did."""
+        """The configuration error (or, on NATS, the closed connection) that stopped this
+        subscriber, if one did."""
         return self.edge.halted_by
 
 

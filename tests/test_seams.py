@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import amqp
+import nats
 import pytest
+from faststream.nats import NatsBroker
 from faststream.rabbit import RabbitBroker
 from sqlalchemy import Engine, Interval, Table, insert, literal, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from support.aio import async_engine, run
-from support.databases import Database, effects, effects_metadata
+from support.databases import Database, cannot_run, effects, effects_metadata
 from support.effects import order, record_effect
 from support.ledger import Provider, effect_store, records, store_of
 from support.rabbit import Rabbit
@@ -38,9 +40,10 @@ from inbox.admin import admin_main
 from inbox.aio import AsyncInbox
 from inbox.broker import Publisher, Relay, RetryPolicy, Worker
 from inbox.delivery import headers as h
-from inbox.faststream import subscribe_rabbit
+from inbox.faststream import subscribe_nats_stream, subscribe_rabbit
 from inbox.schema import inbox_effect, inbox_message, outbox_message
 from inbox.schema import metadata as inbox_metadata
+from tools.cluster.jetstream import NATS_SERVER, NatsCluster
 
 TIMEOUT = 60.0
 
@@ -506,3 +509,93 @@ def test_async_x_effects_under_a_small_pool_more_deliveries_at_once_than_connect
     assert sorted(ref for ref, _ in pg_db.effect_counts()) == sorted(refs)
     assert {r["status"] for r in records(pg_db.engine)} == {"done"}
     assert rabbit.depth(f"{queue}.dlq") == 0
+
+
+# --- NATS x dead letters -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    """A JetStream server of this module's own; a missing nats-server fails in CI."""
+    if not Path(NATS_SERVER).exists():
+        cannot_run(f"nats-server not installed ({NATS_SERVER})")
+    with NatsCluster(1, first_port=4701) as server:
+        yield server.urls()[0]
+
+
+async def nats_dead_letters(url: str, stream: str) -> list[dict[str, str]]:
+    """The headers of every message in the dead-letter ``stream``."""
+    client = await nats.connect(url)
+    try:
+        js = client.jetstream()
+        info = await js.stream_info(stream)
+        seqs = range(info.state.first_seq, info.state.last_seq + 1)
+        return [{k: str(v) for k, v in ((await js.get_msg(stream, s)).headers or {}).items()}
+                for s in seqs]  # fmt: skip
+    finally:
+        await client.close()
+
+
+def test_nats_x_dead_letters_a_nats_dead_letter_says_what_a_rabbitmq_one_says(
+    pg_db: Database, rabbit: Rabbit, nats_url: str
+) -> None:
+    """Regression (issue 32): a NATS retry is a NAK, which carries no headers, so a NATS
+    dead letter's first failure was its last, and the retention guard and the console,
+    which date and explain dead letters by these headers, saw a message that failed once.
+    The same poison message through both FastStream edges, same policy: the same
+    ``x-inbox-*`` headers, each dated by its first failure."""
+    tag = uuid.uuid4().hex[:8]
+    queue, dlq = rabbit.queue("orders"), rabbit.queue("orders.dlq")
+    subject, stream = f"orders-{tag}", f"orders_{tag}"
+    policy = RetryPolicy((0.3,), max_tries=3)
+
+    async def until_dead(subscriptions: list[Any]) -> None:
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        while any(s.stats.dead_lettered < 1 for s in subscriptions):
+            assert asyncio.get_running_loop().time() < deadline, "no dead letter in time"
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        async with async_engine(pg_db, "asyncpg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+
+            @inbox.handler("order.placed", name="billing.charge")
+            async def charge(message: Message, session: AsyncSession) -> None:
+                raise RuntimeError("card declined")
+
+            on_rabbit = RabbitBroker(rabbit.url, logger=None)
+            on_nats = NatsBroker(nats_url, logger=None)
+            subscriptions = [
+                subscribe_rabbit(on_rabbit, inbox, queue, retry=policy),
+                subscribe_nats_stream(
+                    on_nats, inbox, subject, stream=stream, durable="billing", retry=policy
+                ),
+            ]
+            async with on_rabbit, on_nats:
+                await on_rabbit.start()
+                await on_nats.start()
+                await on_rabbit.publish(
+                    {"ref": "r"}, queue, message_id=str(uuid.uuid4()), message_type="order.placed"
+                )
+                headers = {"message_id": str(uuid.uuid4()), "type": "order.placed"}
+                await on_nats.publish({"ref": "n"}, subject, headers=headers, stream=stream)
+                await until_dead(subscriptions)
+
+    run(main())
+
+    [from_rabbit] = [{k: str(v) for k, v in m.headers.items()} for m in rabbit.take_all(dlq)]
+    [from_nats] = run(nats_dead_letters(nats_url, f"{stream}_dlq"))
+
+    def ours(headers: dict[str, str]) -> set[str]:
+        return {name for name in headers if name.startswith("x-inbox-")}
+
+    assert ours(from_nats) == ours(from_rabbit)
+    for letter in (from_rabbit, from_nats):
+        assert letter[h.TRIES] == "3"
+        assert letter[h.REASON] == "handler-failed"
+        first = h.parse_time(letter[h.FIRST_FAILURE])
+        last = h.parse_time(letter[h.LAST_FAILURE])
+        assert first is not None
+        assert last is not None
+        assert (last - first).total_seconds() >= 0.5  # two retries of 0.3 s apart
+        assert h.earliest_failure(letter) == first  # what the retention guard dates it by

@@ -4,8 +4,9 @@ JetStream (NAK with delay) and counted by it, the last one and bad ids in the de
 stream with the ``x-inbox-*`` headers, nothing left pending; a delivery whose ack never
 reached the server comes again after ``ack_wait`` and is a duplicate. On a server with an
 8 KiB ``max_payload``, dead letters that would pass it go trimmed instead of closing the
-connection; a durable made with a lower ``max_deliver`` is raised; the retry history
-survives the NAKs."""
+connection; a durable made with a lower ``max_deliver`` is raised (or, for a user who may
+not change it, the subscriber halts naming it); the retry history survives the NAKs; a
+closed connection stops the subscriber."""
 
 from __future__ import annotations
 
@@ -500,3 +501,70 @@ def test_under_faststream_s_test_broker_the_edge_processes_without_jetstream(
     assert seen == ["t"]
     assert subscription.halted_by is None
     assert (subscription.stats.processed, subscription.stats.acked) == (1, 1)
+
+
+_NO_CONSUMER_CHANGES = """
+authorization {
+  users = [
+    {user: admin, password: admin}
+    {user: app, password: app, permissions: {publish: {allow: ">", deny: [
+      "$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>"
+    ]}}}
+  ]
+}
+"""
+
+
+def test_a_durable_whose_max_deliver_cannot_be_raised_halts_the_subscriber_naming_it(
+    pg_db: Database,
+) -> None:
+    """The worker's user may not change consumers: the durable (max_deliver=2, made by an
+    operator) cannot be raised to what max_tries=4 needs, so nothing is processed; the
+    subscriber halts with one line naming the consumer and both settings, and the message
+    stays with JetStream."""
+    if not Path(NATS_SERVER).exists():
+        cannot_run(f"nats-server not installed ({NATS_SERVER})")
+    subject, stream = "orders", "orders"
+    seen: list[str] = []
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        seen.append(message.body["ref"])
+
+    async def main(port: int) -> Any:
+        admin = await nats.connect(f"nats://admin:admin@127.0.0.1:{port}")
+        js = admin.jetstream()
+        await js.add_stream(name=stream, subjects=[subject])
+        config = ConsumerConfig(durable_name="billing", max_deliver=2, filter_subject=subject)
+        await js.add_consumer(stream, config)
+        await js.publish(subject, b'{"ref": "kept"}', headers={"message_id": _id("kept")})
+        await admin.close()
+        async with async_engine(pg_db, "asyncpg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            inbox.handler("op", name=HANDLER)(handler)
+            broker = NatsBroker(f"nats://app:app@127.0.0.1:{port}", logger=None)
+            subscription = subscribe_nats_stream(
+                broker,
+                inbox,
+                subject,
+                stream=stream,
+                durable="billing",
+                retry=RetryPolicy(delays=(0.05,), max_tries=4),
+            )
+            async with broker:
+                await broker.start()
+                await until(lambda: subscription.halted_by is not None, "the halt")
+            return subscription
+
+    with NatsCluster(1, first_port=4801, config=_NO_CONSUMER_CHANGES) as server:
+        subscription = run(main(server.nodes[0].client_port))
+        url = f"nats://admin:admin@127.0.0.1:{server.nodes[0].client_port}"
+        pending, unacked, max_deliver = run(consumer_state(url, stream, "billing"))
+
+    assert seen == []
+    error = str(subscription.halted_by)
+    assert "consumer 'billing' of stream 'orders' has max_deliver=2" in error
+    assert "max_tries=4" in error
+    assert "raised to 7" in error
+    assert "\n" not in error
+    assert max_deliver == 2
+    assert pending + unacked == 1  # given back: still JetStream's

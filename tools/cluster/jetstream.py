@@ -78,7 +78,12 @@ class NatsCluster:
     """Start, fault and tear down ``size`` JetStream servers, clustered when more than one."""
 
     def __init__(
-        self, size: int = 3, *, first_port: int = 4301, max_payload: int | None = None
+        self,
+        size: int = 3,
+        *,
+        first_port: int = 4301,
+        max_payload: int | None = None,
+        config: str = "",
     ) -> None:
         if not 1 <= size <= 5:
             raise ValueError(f"size must be 1..5 nodes, got {size}")
@@ -86,6 +91,8 @@ class NatsCluster:
             raise ClusterError(f"nats-server not found at {NATS_SERVER} (set NATS_SERVER)")
         self.max_payload = max_payload
         """The servers' ``max_payload`` in bytes (headers and body), None for the default."""
+        self.config = config
+        """More of the servers' configuration file (users and their permissions, say)."""
         self.root = Path(tempfile.mkdtemp(prefix="inbox-nats-cluster-"))
         self._watchdog = Watchdog(self.root)
         clients = free_ports(size, first_port)
@@ -186,10 +193,11 @@ class NatsCluster:
             "-sd",
             str(node.directory / "store"),
         ]
-        if self.max_payload is not None:
-            # No command-line flag for it: a config file of one line.
+        if self.max_payload is not None or self.config:
+            # No command-line flag for these: a config file.
             config = node.directory / "server.conf"
-            config.write_text(f"max_payload: {self.max_payload}\n")
+            limit = "" if self.max_payload is None else f"max_payload: {self.max_payload}\n"
+            config.write_text(limit + self.config)
             command += ["-c", str(config)]
         if len(self.nodes) > 1:
             routes = ",".join(

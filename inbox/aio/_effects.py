@@ -19,6 +19,7 @@ from inbox.core._run import HandlerRun
 from inbox.core._steps import Failed
 from inbox.core.effects._blocking import ledger_engine
 from inbox.core.effects._identity import EffectRef
+from inbox.core.effects._pool import OPTION_SETS_KEPT
 from inbox.core.effects._steps import Call, EffectsBase, Write
 from inbox.errors import ConfigurationError
 
@@ -73,9 +74,12 @@ class AsyncEffects(EffectsBase[AsyncEngine]):
         engine = ledger_engine(self._ledgers, sync_store, run.connection.engine)
         if store is not None and engine is sync_store:
             return store
-        proxy = self._proxies.get(id(engine))
+        proxies = self._proxies
+        proxy = proxies.get(id(engine))
         if proxy is None or proxy.sync_engine is not engine:
-            proxy = self._proxies[id(engine)] = AsyncEngine(engine)
+            if len(proxies) >= OPTION_SETS_KEPT:  # bounded as the ledger engines are
+                del proxies[next(iter(proxies))]
+            proxy = proxies[id(engine)] = AsyncEngine(engine)
         return proxy
 
 

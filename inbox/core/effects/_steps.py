@@ -207,12 +207,15 @@ class EffectsBase(Generic[StoreT]):
         backoff: Backoff,
         *,
         tenants: bool = False,
+        claims: Table | None = None,
     ) -> None:
         if store is not None:
             self._check_store(store)
         self._owner = owner
         self._store = store
-        self._tenants = tenants
+        # The claim table when the tenant is part of the effect (sessions_for): where the
+        # claim went names an unnamed tenant.
+        self._tenant_claims = claims if tenants else None
         self._ledgers = LedgerEngines()
         self._kept = KeptResults()
         self._proxies: dict[int, Any] = {}  # what a shell keeps per ledger engine
@@ -246,7 +249,7 @@ class EffectsBase(Generic[StoreT]):
                 "inside its own call: nothing was called a second time. Use another step name "
                 "for a nested effect"
             )
-        tenant = tenant_of(run.connection, per_message_sessions=self._tenants)
+        tenant = tenant_of(run.connection, claims=self._tenant_claims)
         key = effect_key(run.claim_key, run.handler, checked_step, tenant)
         legacy = None
         shared = tenant is not None and self._store is not None

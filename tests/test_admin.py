@@ -195,6 +195,28 @@ def test_release_asks_and_refuses_without_yes(db: Database) -> None:
     assert out.startswith("nothing to release: no claim or effect record for the business key")
 
 
+def test_release_for_a_handler_holding_nothing_names_those_that_do(db: Database) -> None:
+    """Regression (issue 32, item 12): a mistyped --handler answered only "nothing to
+    release", leaving the operator to guess the names."""
+    inbox = make_inbox(db)
+    message = order("48")
+    inbox.process(message)
+    add_effect(db, message.id, "ops.refund", "refund", "started")  # an effect, no claim
+
+    code, out, _ = run(db, "release", str(message.id), "--handler", "ops.aply", "--yes")
+
+    assert code == 3
+    assert out.splitlines() == [
+        "nothing to release: no claim or effect record for the message id or the business key "
+        f"{str(message.id)!r} and handler ops.aply",
+        "handlers holding claims or effect records for it: ops.apply, ops.audit, ops.refund "
+        "(release one with --handler NAME)",
+    ]
+    assert db.count(inbox_message) == 3
+    code, out, _ = run(db, "release", "no-such-key", "--handler", "ops.apply", "--yes")
+    assert (code, len(out.splitlines())) == (3, 1)  # no handler holds anything: no list
+
+
 def test_release_removes_the_effects_of_a_run_that_never_committed(db: Database) -> None:
     # An at-most-once effect left 'started' by a crash: the message is dead-lettered as
     # uncertain until a person releases it.

@@ -34,7 +34,7 @@ BUDGETS: dict[str, tuple[float, dict[str, int]]] = {
     "blocking/first": (0, {"2.0": 126, "2.1": 126}),
     "blocking/duplicate": (-1, {"2.0": -66, "2.1": -69}),
     "blocking/batch": (0.02, {"2.0": 91, "2.1": 82}),
-    "blocking/effect": (2, {"2.0": 1203, "2.1": 815}),
+    "blocking/effect": (2, {"2.0": 1200, "2.1": 812}),
     "blocking/outbox": (0, {"2.0": 125, "2.1": 125}),
     "blocking/middleware": (0, {"2.0": 129, "2.1": 129}),
     "blocking/tenant": (0, {"2.0": 139, "2.1": 139}),

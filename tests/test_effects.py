@@ -5,6 +5,7 @@ get the stored result, and each mode resolves an unfinished effect as documented
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -191,6 +192,24 @@ def test_at_least_once_calls_a_failed_effect_again_with_the_same_key(setup: Setu
     [record] = setup.records()
     assert (record["status"], record["attempts"]) == ("done", 2)
     assert len(seen) == 1
+
+
+def test_the_retry_log_line_names_the_message_and_the_effect_key(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (issue 32, item 12): the line said which effect of which handler was on
+    its second attempt, not of which message, nor under which key the provider saw it."""
+    setup.provider.failures = 1
+    sms_handler(setup)
+    message = order("m1", "sms.requested", **{"idempotency-key": "order-1"})
+    assert isinstance(deliver(setup.inbox, message), HandlerFailed)
+    with caplog.at_level(logging.INFO, logger="inbox.effects"):
+        assert deliver(setup.inbox, message) is Outcome.PROCESSED
+    [key] = set(setup.provider.calls)
+    [line] = [r.getMessage() for r in caplog.records if r.name == "inbox.effects"]
+    assert line == (
+        f"effect 'provider.send' of 'sms.send': attempt 2 (message {message.id}, effect key {key})"
+    )
 
 
 def test_at_most_once_never_calls_a_failed_effect_again(setup: Setup) -> None:

@@ -24,7 +24,17 @@ import nats
 import pytest
 from faststream.nats import NatsBroker
 from faststream.rabbit import RabbitBroker
-from sqlalchemy import Engine, Interval, Table, insert, literal, select, text, update
+from sqlalchemy import (
+    Engine,
+    Interval,
+    Table,
+    create_engine,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
@@ -226,6 +236,62 @@ def test_tenants_x_effects_the_same_message_is_one_call_per_tenant_each_under_it
     assert len(set(provider.calls)) == 2  # one key per tenant
     for tenant, engine in engines.items():
         [record] = rows(engine, inbox_effect)
+        assert (record["status"], record["attempts"]) == ("done", 1)
+        [write] = rows(engine, effects)
+        assert (write["ref"], write["handler"]) == (tenant, str(record["effect_key"]))
+
+
+@pytest.fixture
+def pg_search_path_tenants(pg_db: Database) -> Iterator[dict[str, Engine]]:
+    """Two tenants in two schemas of one database, an engine each with the schema as its
+    connect options' search_path (``options=-csearch_path=...``): nothing else tells them
+    apart, no schema map, no ``inbox_tenant``."""
+    own = make_url(pg_db.url).query["options"].removeprefix("-csearch_path=")
+    names = {tenant: f"{own}_{tenant}" for tenant in ("tenant_a", "tenant_b")}
+    with pg_db.engine.begin() as connection:
+        for name in names.values():
+            connection.execute(text(f"CREATE SCHEMA {name}"))
+    url = make_url(pg_db.url)
+    engines = {
+        tenant: create_engine(url.update_query_dict({"options": f"-csearch_path={name}"}))
+        for tenant, name in names.items()
+    }
+    try:
+        for engine in engines.values():
+            inbox_metadata.create_all(engine)
+            effects_metadata.create_all(engine)
+        yield engines
+    finally:
+        for engine in engines.values():
+            engine.dispose()
+        with pg_db.engine.begin() as connection:
+            for name in names.values():
+                connection.execute(text(f"DROP SCHEMA {name} CASCADE"))
+
+
+def test_tenants_x_effects_search_path_tenants_get_a_key_each_without_being_named(
+    pg_search_path_tenants: dict[str, Engine],
+) -> None:
+    """Regression (issue 32, item 5): tenants told apart only by their connections'
+    search_path shared one effect key: a provider deduplicating by it dropped B's SMS."""
+    engines = pg_search_path_tenants
+    inbox = Inbox(sessions_for=tenant_of(engines))
+    provider = Provider()
+
+    @inbox.handler("sms.requested", name="sms.send")
+    def send(message: Message, session: Session) -> None:
+        receipt = inbox.effect("provider.send", provider.send)
+        record_effect(message, session, receipt["key"])
+
+    shared = uuid.uuid4()
+    deliveries = [Message(shared, "sms.requested", {"ref": t}, {"tenant": t}) for t in engines]
+    assert [inbox.process(m).outcome for m in [*deliveries, *deliveries]] == [
+        Outcome.PROCESSED, Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.DUPLICATE,
+    ]  # fmt: skip
+    assert len(provider.calls) == 2
+    assert len(set(provider.calls)) == 2  # one key per tenant
+    for tenant, engine in engines.items():
+        [record] = rows(engine, inbox_effect)  # each tenant's record in its own schema
         assert (record["status"], record["attempts"]) == ("done", 1)
         [write] = rows(engine, effects)
         assert (write["ref"], write["handler"]) == (tenant, str(record["effect_key"]))

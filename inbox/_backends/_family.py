@@ -164,6 +164,15 @@ class Family:
             "supported: postgresql, sqlite, mysql/mariadb"
         )
 
+    has_search_path: bool = False
+    """An unqualified table name is looked up along a per-connection path of schemas (which
+    connect options can set): the same name may be another table on another connection."""
+
+    def searched_schema(self, connection: Connection, table: Table) -> str | None:
+        """The schema ``connection``'s search path finds the unqualified ``table`` in, unless
+        it is the database's default one (None: that, or no search path)."""
+        return None
+
     schemas_query: TextClause | None = None
     """The schemas holding a table named ``:name`` (None: the family has no schemas)."""
 

@@ -142,6 +142,12 @@ def release(
         io.out.write(
             f"nothing to release: no claim or effect record for {_asked(keys, args.handler)}\n"
         )
+        holding = _claims.handlers_holding(engine, tables.claims, tables.effects, keys)
+        if holding:
+            io.out.write(
+                f"handlers holding claims or effect records for it: {', '.join(holding)} "
+                "(release one with --handler NAME)\n"
+            )
         return EXIT_NOT_FOUND
     io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     if not args.yes:

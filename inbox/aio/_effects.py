@@ -10,16 +10,18 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Connection, Table
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from inbox._backends import check_supported
 from inbox.aio._completion import run_to_completion
-from inbox.core._run import HandlerRun
+from inbox.core._run import CURRENT_RUN, HandlerRun
 from inbox.core._steps import Failed
 from inbox.core.effects._blocking import ledger_engine
 from inbox.core.effects._identity import EffectRef
+from inbox.core.effects._pool import OPTION_SETS_KEPT
 from inbox.core.effects._steps import Call, EffectsBase, Write
+from inbox.core.effects._tenant import read_searched_schema, schema_to_read
 from inbox.errors import ConfigurationError
 
 __all__ = ["AsyncEffectCall", "AsyncEffects"]
@@ -45,6 +47,11 @@ class AsyncEffects(EffectsBase[AsyncEngine]):
 
     async def run(self, step: object, call: AsyncEffectCall, mode: object) -> Any:
         """``AsyncInbox.effect``: see its docstring."""
+        claims = self._tenant_claims
+        if claims is not None:
+            current = CURRENT_RUN.get()
+            if current is not None and schema_to_read(current.connection, claims):
+                await _read_searched_schema(current.connection, claims)
         run, _, steps = self._begin(step, call, mode)
         engine = self._engine(run)
         reply: object = None
@@ -73,10 +80,20 @@ class AsyncEffects(EffectsBase[AsyncEngine]):
         engine = ledger_engine(self._ledgers, sync_store, run.connection.engine)
         if store is not None and engine is sync_store:
             return store
-        proxy = self._proxies.get(id(engine))
+        proxies = self._proxies
+        proxy = proxies.get(id(engine))
         if proxy is None or proxy.sync_engine is not engine:
-            proxy = self._proxies[id(engine)] = AsyncEngine(engine)
+            if len(proxies) >= OPTION_SETS_KEPT:  # bounded as the ledger engines are
+                del proxies[next(iter(proxies))]
+            proxy = proxies[id(engine)] = AsyncEngine(engine)
         return proxy
+
+
+async def _read_searched_schema(connection: Connection, claims: Table) -> None:
+    """Read the schema the claim connection's search path found the claim table in (once
+    per pooled connection), through the driver's greenlet as every statement is."""
+    claim_connection = AsyncConnection(AsyncEngine(connection.engine), connection)
+    await claim_connection.run_sync(read_searched_schema, claims)
 
 
 async def _write(engine: AsyncEngine, write: Write) -> Any:

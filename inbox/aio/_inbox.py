@@ -74,7 +74,12 @@ class AsyncInbox(InboxBase[AsyncSession, AsyncEngine, AsyncMiddleware, AsyncDeli
             self._registry, self._transaction, self._guards, self._backoff, self._run_planned
         )
         self._effects = AsyncEffects(
-            self, effect_store, effect_table, self._backoff, tenants=tenants
+            self,
+            effect_store,
+            effect_table,
+            self._backoff,
+            tenants=tenants,
+            claims=self._claims.table,
         )
 
     @overload

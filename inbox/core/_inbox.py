@@ -67,7 +67,14 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
         self._batches = BatchProcessor(
             self._registry, self._transaction, self._guards, self._backoff, self._run_planned
         )
-        self._effects = Effects(self, effect_store, effect_table, self._backoff, tenants=tenants)
+        self._effects = Effects(
+            self,
+            effect_store,
+            effect_table,
+            self._backoff,
+            tenants=tenants,
+            claims=self._claims.table,
+        )
 
     @overload
     def handler(self, func: H, /) -> H: ...

@@ -192,7 +192,8 @@ class HandlerTransaction:
         self._ran.append((handler, message))
         assert self._transaction is not None
         guard(self._session, self._transaction, self._connection, guards)
-        return CURRENT_RUN.set(HandlerRun(self._owner, key, handler.name, self._connection))
+        run = HandlerRun(self._owner, key, handler.name, self._connection, message.id)
+        return CURRENT_RUN.set(run)
 
     def handler_finished(self, current: Token[HandlerRun | None]) -> None:
         """Take the guards down again; the session is the inbox's to commit or roll back."""

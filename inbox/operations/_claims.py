@@ -19,7 +19,16 @@ from sqlalchemy import Connection, Engine, Table, delete, inspect, select
 from inbox.errors import ConfigurationError, InvalidMessage
 from inbox.message import key_bytes, parse_message_id
 
-__all__ = ["Claim", "Effect", "Found", "LookupKey", "find", "lookup_keys", "release"]
+__all__ = [
+    "Claim",
+    "Effect",
+    "Found",
+    "LookupKey",
+    "find",
+    "handlers_holding",
+    "lookup_keys",
+    "release",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,15 @@ def find(
     effect records of the same keys; ``effects`` None, or not in the database: none."""
     with engine.connect() as connection:
         return _find(connection, claims, effects, keys, handler)
+
+
+def handlers_holding(
+    engine: Engine, claims: Table, effects: Table | None, keys: Sequence[LookupKey]
+) -> tuple[str, ...]:
+    """The handlers with a claim or an effect record under ``keys``, sorted: the names a
+    release of these keys can be for."""
+    found = find(engine, claims, effects, keys)
+    return tuple(sorted({c.handler for c in found.claims} | {e.handler for e in found.effects}))
 
 
 def release(

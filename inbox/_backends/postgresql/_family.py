@@ -38,6 +38,14 @@ _SIZE = text(
     "WHERE c.oid = to_regclass(:name) OR c.oid IN "
     "(SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(:name))"
 )
+# The schema the search path finds an unqualified name in: to_regclass resolves it as the
+# statements on this connection do.
+_SEARCHED = text(
+    "SELECT n.nspname FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.oid = to_regclass(:name)"
+)
+_DEFAULT_SCHEMA: Final = "public"
 # A partitioned PostgreSQL table is listed as 'PARTITIONED TABLE' (its partitions as tables
 # under other names), so it is looked up by name in pg_class.
 _FIND_SCHEMAS = text(
@@ -114,6 +122,14 @@ class PostgreSQLFamily(Family):
     notifies = True
     walks_by_key_range = True
     schemas_query = _FIND_SCHEMAS
+    has_search_path = True
+
+    def searched_schema(self, connection: Connection, table: Table) -> str | None:
+        """The schema of the table the unqualified name resolves to (``to_regclass``), None
+        for ``public``."""
+        name = connection.dialect.identifier_preparer.quote(table.name)
+        schema = connection.execute(_SEARCHED, {"name": name}).scalar()
+        return None if schema is None or schema == _DEFAULT_SCHEMA else str(schema)
 
     def table_bytes(self, connection: Connection, table: Table) -> int | None:
         """``pg_total_relation_size`` of the table and its partitions."""

@@ -10,25 +10,44 @@ pool's options and listeners) and the claim engine's execution options (a tenant
 statement at a time and never while waiting for anything else, so a wait for one always
 ends. They are opened only as effects are recorded.
 
-Each inbox owns its ledger engines, one per claim pool. One goes with its claim pool
-(``Engine.dispose()`` replaces the pool; the next effect gets a new ledger engine) and with
-the inbox.
+Each inbox owns its ledger engines: one root per claim pool, and beside it one engine per
+set of execution options, found by the pool and the options' values, never by the claim
+engine object (a tenant bind made per message, ``engine.execution_options(...)``, is a new
+object each time: kept by it, every message would leave its engines behind). At most
+:data:`OPTION_SETS_KEPT` option sets are kept per pool, the oldest let go first. A root goes
+with its claim pool (``Engine.dispose()`` replaces the pool; the next effect gets a new
+root) and with the inbox.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from collections.abc import Hashable, Mapping
+from typing import Any, Final
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import Pool
 
-__all__ = ["LedgerEngines"]
+__all__ = ["OPTION_SETS_KEPT", "LedgerEngines"]
 
-# id(claim pool) -> (a reference to it that lets go of the ledger engine when it goes,
-# the ledger engine beside it)
-_Roots = dict[int, tuple["weakref.ref[Pool]", Engine]]
+OPTION_SETS_KEPT: Final = 256
+"""Ledger engines kept per claim pool, one per set of execution options (tenants)."""
+
+
+class _Root:
+    """The ledger's engine beside one claim pool, and its engines per option set."""
+
+    __slots__ = ("beside", "engine", "pool")
+
+    def __init__(self, pool: weakref.ref[Pool], engine: Engine) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.beside: dict[Hashable, Engine] = {}
+
+
+# id(claim pool) -> its root; the weak reference to the pool drops the entry when it goes.
+_Roots = dict[int, _Root]
 
 
 class LedgerEngines:
@@ -36,8 +55,9 @@ class LedgerEngines:
 
     def __init__(self) -> None:
         self._roots: _Roots = {}
-        # id(claim engine) -> (it, its pool then, the ledger engine with its options)
-        self._engines: dict[int, tuple[Engine, weakref.ref[Pool], Engine]] = {}
+        # The claim engine and pool asked for last, weakly, and the engine beside them: the
+        # same engine message after message (no per-message bind) is found without a lookup.
+        self._last: tuple[weakref.ref[Engine], weakref.ref[Pool], Engine] | None = None
         self._lock = threading.Lock()
         weakref.finalize(self, _let_go_all, self._roots)
 
@@ -45,44 +65,68 @@ class LedgerEngines:
         """The ledger's engine beside ``claim_engine`` (a blocking ``Engine``, the sync side
         of an async one too): its settings and execution options, a pool of its own."""
         pool = claim_engine.pool
+        last = self._last
+        if last is not None and last[0]() is claim_engine and last[1]() is pool:
+            return last[2]
+        options = claim_engine.get_execution_options()
+        key = _options_key(options) if options else ()
         with self._lock:
-            made = self._engines.get(id(claim_engine))
-            if made is not None and made[1]() is pool:
-                return made[2]
-            root = self._root(claim_engine, pool)
-            options = claim_engine.get_execution_options()
-            engine = root.execution_options(**options) if options else root
-            self._engines[id(claim_engine)] = (claim_engine, weakref.ref(pool), engine)
+            root = self._roots.get(id(pool))
+            if root is None or root.pool() is not pool:
+                root = self._root(claim_engine, pool)
+            engine = root.beside.get(key)
+            if engine is None:
+                engine = root.engine.execution_options(**options) if options else root.engine
+                if len(root.beside) >= OPTION_SETS_KEPT:
+                    del root.beside[next(iter(root.beside))]
+                root.beside[key] = engine
+            self._last = (weakref.ref(claim_engine), root.pool, engine)
             return engine
 
-    def _root(self, claim_engine: Engine, pool: Pool) -> Engine:
-        found = self._roots.get(id(pool))
-        if found is not None and found[0]() is pool:
-            return found[1]
+    def _root(self, claim_engine: Engine, pool: Pool) -> _Root:
         pool_copy = pool.recreate()
         if claim_engine.dialect.is_async:
             # Here, not at the top: the blocking inbox loads no asyncio layer.
             from sqlalchemy.ext.asyncio import create_async_engine
 
-            root = create_async_engine(claim_engine.url, pool=pool_copy).sync_engine
+            engine = create_async_engine(claim_engine.url, pool=pool_copy).sync_engine
         else:
-            root = create_engine(claim_engine.url, pool=pool_copy)
-        self._roots[id(pool)] = (weakref.ref(pool, _when_gone(self._roots, id(pool))), root)
+            engine = create_engine(claim_engine.url, pool=pool_copy)
+        root = _Root(weakref.ref(pool, _when_gone(self._roots, id(pool))), engine)
+        self._roots[id(pool)] = root
         return root
+
+
+def _options_key(options: Mapping[str, Any]) -> Hashable:
+    """What tells one set of execution options from another, by value: a new but equal
+    ``schema_translate_map`` is the same set."""
+    return frozenset((name, type(value), _frozen(value)) for name, value in options.items())
+
+
+def _frozen(value: object) -> Hashable:
+    try:
+        if isinstance(value, Mapping):
+            return frozenset(value.items())
+        hash(value)
+    except TypeError:
+        # Unhashable: known by identity, which the engine made with it keeps alive (and so
+        # unused by another object) for as long as the key is kept with that engine.
+        return ("id", id(value))
+    return value
 
 
 def _when_gone(roots: _Roots, key: int) -> Any:
     def gone(_: object) -> None:
         found = roots.pop(key, None)
         if found is not None:
-            _let_go(found[1])
+            _let_go(found.engine)
 
     return gone
 
 
 def _let_go_all(roots: _Roots) -> None:
-    for _, root in list(roots.values()):
-        _let_go(root)
+    for root in list(roots.values()):
+        _let_go(root.engine)
     roots.clear()
 
 

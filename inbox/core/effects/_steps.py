@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC
@@ -87,12 +88,19 @@ EffectSteps: TypeAlias = Generator[Write | Call | Pause, Any, Any]
 
 
 def effect_steps(
-    ledger: Ledger, kept: KeptResults, ref: EffectRef, mode: EffectMode, backoff: Backoff
+    ledger: Ledger,
+    kept: KeptResults,
+    ref: EffectRef,
+    mode: EffectMode,
+    backoff: Backoff,
+    *,
+    message_id: uuid.UUID,
 ) -> EffectSteps:
-    """The steps of one effect ``ref`` in ``mode``; returns the call's result (stored, made
-    now, or made by an earlier attempt here), or raises what the call raised, or the
-    ledger's verdict (:class:`~inbox.UncertainEffect`, :class:`~inbox.EffectError`). Each
-    ledger write but the failure's is retried as ``backoff`` allows."""
+    """The steps of one effect ``ref`` in ``mode``, made by a handler running on the message
+    ``message_id``; returns the call's result (stored, made now, or made by an earlier
+    attempt here), or raises what the call raised, or the ledger's verdict
+    (:class:`~inbox.UncertainEffect`, :class:`~inbox.EffectError`). Each ledger write but
+    the failure's is retried as ``backoff`` allows."""
 
     def what() -> str:
         return f"effect {ref.step!r} of {ref.handler!r}"
@@ -115,7 +123,14 @@ def effect_steps(
             if isinstance(begun, Stored):
                 return json.loads(begun.result)
             if begun.attempt > 1:
-                logger.info("effect %r of %r: attempt %d", ref.step, ref.handler, begun.attempt)
+                logger.info(
+                    "effect %r of %r: attempt %d (message %s, effect key %s)",
+                    ref.step,
+                    ref.handler,
+                    begun.attempt,
+                    message_id,
+                    ref.key,
+                )
             if (result := (yield Call(ref))).__class__ is Failed:
                 yield from _record_failure(ledger, ref, begun.attempt, result)
             made = Kept(begun.attempt, *encode_result(ref, result))
@@ -192,12 +207,15 @@ class EffectsBase(Generic[StoreT]):
         backoff: Backoff,
         *,
         tenants: bool = False,
+        claims: Table | None = None,
     ) -> None:
         if store is not None:
             self._check_store(store)
         self._owner = owner
         self._store = store
-        self._tenants = tenants
+        # The claim table when the tenant is part of the effect (sessions_for): where the
+        # claim went names an unnamed tenant.
+        self._tenant_claims = claims if tenants else None
         self._ledgers = LedgerEngines()
         self._kept = KeptResults()
         self._proxies: dict[int, Any] = {}  # what a shell keeps per ledger engine
@@ -231,14 +249,20 @@ class EffectsBase(Generic[StoreT]):
                 "inside its own call: nothing was called a second time. Use another step name "
                 "for a nested effect"
             )
-        tenant = tenant_of(run.connection, per_message_sessions=self._tenants)
+        tenant = tenant_of(run.connection, claims=self._tenant_claims)
         key = effect_key(run.claim_key, run.handler, checked_step, tenant)
         legacy = None
         shared = tenant is not None and self._store is not None
         if not shared and not is_version_1(run.handler, checked_step, tenant):
             legacy = version_1_key(run.claim_key, run.handler, checked_step)
         ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
-        return run, ref, effect_steps(self.ledger, self._kept, ref, checked_mode, self._backoff)
+        return (
+            run,
+            ref,
+            effect_steps(
+                self.ledger, self._kept, ref, checked_mode, self._backoff, message_id=run.message_id
+            ),
+        )
 
 
 def describe_error(exc: BaseException) -> str:

@@ -4,30 +4,38 @@ With ``sessions_for=`` the same message is a claim in each tenant that receives 
 must be an effect of each: the tenant is part of the effect's identity. It is named by the
 ``inbox_tenant`` execution option of the claim's connection (set on the tenant's engine or
 ``sessionmaker`` bind), which is stable by construction; without it, by where the claim
-lives: the database name of the engine's URL and its ``schema_translate_map``. Host, port,
-user and password are left out on purpose: a failover or a new password must not change
-which effect a message is.
+lives: the database name of the engine's URL, its ``schema_translate_map``, and, where the
+claim table's name is unqualified, the schema the connection's search path found it in
+(tenants with an engine each and a ``search_path`` in its connect options). That schema is
+read from the server once per pooled connection and kept in the connection's ``info``: no
+round trip per message. Host, port, user and password are left out on purpose: a failover
+or a new password must not change which effect a message is.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Table
 
+from inbox._backends import family_of
 from inbox.errors import EffectError
 
-__all__ = ["TENANT_OPTION", "tenant_of"]
+__all__ = ["TENANT_OPTION", "read_searched_schema", "schema_to_read", "tenant_of"]
 
 TENANT_OPTION: Final = "inbox_tenant"
 """The execution option that names a tenant, e.g.
 ``engine.execution_options(inbox_tenant="acme")``."""
 
+_SEARCHED: Final = "inbox_searched_schema"  # connection.info: {claim table name: schema}
 
-def tenant_of(connection: Connection, *, per_message_sessions: bool) -> str | None:
+
+def tenant_of(connection: Connection, *, claims: Table | None) -> str | None:
     """The tenant of the handler run holding its claim on ``connection``: the
-    ``inbox_tenant`` option if set, else (an inbox with ``sessions_for``) the database and
-    schema map the claim is made in, else None (one tenant: effect keys without one)."""
+    ``inbox_tenant`` option if set, else (an inbox with ``sessions_for``, whose claim table
+    is ``claims``) the database, schema map and searched schema the claim is made in, else
+    None (one tenant: effect keys without one)."""
     options = connection.get_execution_options()
     named = options.get(TENANT_OPTION)
     if named is not None:
@@ -37,11 +45,47 @@ def tenant_of(connection: Connection, *, per_message_sessions: bool) -> str | No
                 f"str, got {named!r}"
             )
         return named
-    if not per_message_sessions:
+    if claims is None:
         return None
     database = connection.engine.url.database or ""
     schemas = options.get("schema_translate_map") or {}
     mapped = ",".join(
         sorted(f"{source or ''}={target or ''}" for source, target in schemas.items())
     )
-    return f"{database}/{mapped}" if mapped else database
+    where = f"{database}/{mapped}" if mapped else database
+    if _searched(claims, schemas) and family_of(connection).has_search_path:
+        schema = read_searched_schema(connection, claims)
+        if schema is not None:
+            where = f"{where}@{schema}"
+    return where
+
+
+def schema_to_read(connection: Connection, claims: Table | None) -> bool:
+    """Whether :func:`tenant_of` would ask the server for the searched schema now (an
+    awaiting caller reads it first, with :func:`read_searched_schema` run in the driver's
+    greenlet)."""
+    if claims is None:
+        return False
+    options = connection.get_execution_options()
+    return (
+        options.get(TENANT_OPTION) is None
+        and _searched(claims, options.get("schema_translate_map") or {})
+        and family_of(connection).has_search_path
+        and claims.name not in connection.info.get(_SEARCHED, {})
+    )
+
+
+def read_searched_schema(connection: Connection, claims: Table) -> str | None:
+    """The schema the search path of ``connection`` finds ``claims`` in (None: the default
+    one), read once per pooled connection."""
+    known: dict[str, str | None] = connection.info.setdefault(_SEARCHED, {})
+    if claims.name not in known:
+        known[claims.name] = family_of(connection).searched_schema(connection, claims)
+    return known[claims.name]
+
+
+def _searched(claims: Table, schemas: Mapping[Any, Any]) -> bool:
+    """Whether the claim table's name goes to the server unqualified (the search path
+    decides which table it is)."""
+    schema = schemas.get(claims.schema, claims.schema)
+    return schema is None

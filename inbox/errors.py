@@ -118,6 +118,10 @@ class HandlerFailed(InboxError):
     ``failures`` maps each failed handler name to its exception; ``result`` holds the outcomes
     of the handlers that did not fail. The exception is chained from the first failure.
     Redelivering the message runs only the failed handlers again: the others are duplicates.
+    ``claim_keys`` maps each of the message's handlers to the 16-byte key it claims under (the
+    message id's bytes, an ``idempotency-key``'s or what its ``key=`` returned): a worker
+    writes the ones that are not the message id on a dead letter, where ``inbox show`` finds
+    them.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class HandlerFailed(InboxError):
         message_id: uuid.UUID,
         failures: Mapping[str, Exception],
         result: ProcessResult,
+        claim_keys: Mapping[str, bytes] | None = None,
     ) -> None:
         details = "; ".join(
             f"{name}: {type(exc).__name__}: {exc}" for name, exc in failures.items()
@@ -133,6 +138,7 @@ class HandlerFailed(InboxError):
         self.message_id = message_id
         self.failures = dict(failures)
         self.result = result
+        self.claim_keys = dict(claim_keys or {})
 
 
 class UnsupportedDialect(ConfigurationError):

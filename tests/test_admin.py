@@ -87,8 +87,14 @@ def test_show_finds_each_claim_under_the_key_the_core_used(db: Database) -> None
     assert code == 3
     assert out.splitlines() == [
         f"no claim for the message id or the business key {str(keyed.id)!r}",
-        "a message sent with an idempotency-key header is claimed under that key, not its id: "
-        "inbox show KEY (inbox dlq list shows a dead letter's as key=)",
+        "a handler claims under the message id only without key= and without an "
+        "idempotency-key header; otherwise under that key, and the claims table holds no "
+        "message id beside it",
+        "the key is in the worker's log lines for the message ('under claim key K'; at "
+        "--log-level DEBUG for a handler that committed), in its dead letter's "
+        "x-inbox-claim-keys and idempotency-key headers (inbox dlq show ID), or what your "
+        "key= function returns for the message: inbox show KEY",
+        "to look in the dead letters: inbox show ID --queue QUEUE",
     ]
 
 

@@ -1,7 +1,8 @@
 """mkdocs hooks for the documentation site (mkdocs.yml): pages made from files outside docs/
 (README.md, CHANGELOG.md, RELEASING.md, benchmarks/README.md and its plots), the command-line
-reference generated from the argparse parsers, and the docstring check that makes
-``mkdocs build --strict`` fail on a public name without a docstring."""
+reference generated from the argparse parsers, and the checks that make
+``mkdocs build --strict`` fail on a public name without a docstring or a page showing a raw
+Sphinx role. The home page is README.md without its paragraph on running the test suite."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ _REPOSITORY_LINK = re.compile(
     r"\[([^\]]+)\]\((?:\.\./)?((?:examples|tools|tests|inbox|monitoring)/[^)]*)\)"
 )
 
+# README's paragraph on running the repository's tests (from its lead-in to the end of the
+# test-command block): for contributors, not for the site's home page.
+_TEST_SUITE = re.compile(
+    r"^Set up and run the tests.*?<!-- /test-command -->\n+", re.DOTALL | re.MULTILINE
+)
+
+# A Sphinx role left in a built page (tools/griffe_roles.py turns the docstrings' into links):
+# :class:`Session` as Markdown renders it, :class:<code>Session</code>.
+RAW_ROLE = re.compile(r":(?:py:)?[a-z]+:<code>")
+
 _PARSER_MARK = re.compile(r"<!-- argparse: (?P<command>[\w -]+) -->")
 
 # The public modules the API reference documents (docs/reference.md): each name in their
@@ -61,6 +72,10 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Add the pages made from repository files, and the newest benchmark plots."""
     for page, source in PAGES.items():
         text = (ROOT / source).read_text(encoding="utf-8")
+        if page == "index.md":
+            text, cut = _TEST_SUITE.subn("", text, count=1)
+            if not cut:
+                log.warning("README.md: the test-suite paragraph to leave off the home page moved")
         if page == "benchmarks.md":
             text += _plots(files, config)
         files.append(File.generated(config, page, content=_site_links(text)))
@@ -71,6 +86,14 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     """Repository links as the site spells them; ``<!-- argparse: COMMAND -->`` replaced by
     that command's ``--help``."""
     return _PARSER_MARK.sub(lambda m: _help(m.group("command")), _site_links(markdown))
+
+
+def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
+    """Fail (in strict mode) on a page that shows a raw Sphinx role."""
+    for match in RAW_ROLE.finditer(output):
+        context = output[match.start() : match.start() + 60].split("</", 1)[0]
+        log.warning("%s shows a raw Sphinx role: %s", page.file.src_uri, context)
+    return output
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:

@@ -113,22 +113,31 @@ def _status_per_schema(
 def show(
     engine: Engine, tables: Tables, args: argparse.Namespace, broker: str | None, io: Streams
 ) -> int:
-    """``inbox show``: exit 3 when no handler processed the message."""
-    keys = _lookup(args)
-    found = _claims.find(engine, tables.claims, tables.effects, keys, args.handler)
+    """``inbox show``: exit 3 when no handler processed the message. With ``--queue``, a
+    message id no claim has is looked up in the dead-letter queues too, under the keys its
+    dead letter names (:func:`inbox.operations._claims.look_up`)."""
+    lookup = _claims.look_up(
+        engine,
+        tables.claims,
+        tables.effects,
+        args.id_or_key,
+        business_key=args.key,
+        handler=args.handler,
+        broker=broker,
+        queues=args.queues,
+    )
+    found = lookup.found
     if args.json:
         io.out.write(_printing.as_json(found))
-    elif found:
+        return EXIT_OK if found.claims else EXIT_NOT_FOUND
+    if lookup.dead_letter_queue is not None:
+        io.out.write(f"the keys its dead letter in {lookup.dead_letter_queue} names:\n")
+    if found:
         io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     else:
-        io.out.write(f"no claim for {_asked(keys, args.handler)}\n")
-    if not found.claims and not args.json and any(k.how == "message id" for k in keys):
-        # The claims carry the key each handler claimed under, never the message id: a
-        # message sent with an idempotency key is found only by that key.
-        io.out.write(
-            "a message sent with an idempotency-key header is claimed under that key, not its "
-            "id: inbox show KEY (inbox dlq list shows a dead letter's as key=)\n"
-        )
+        io.out.write(f"no claim for {_asked(lookup.keys, args.handler)}\n")
+    if not found.claims and lookup.keys[0].how == "message id":
+        io.out.writelines(f"{line}\n" for line in _render.message_id_hint(bool(args.queues)))
     return EXIT_OK if found.claims else EXIT_NOT_FOUND
 
 

@@ -63,8 +63,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     show = commands.add_parser("show", help="which handlers processed a message, and when")
     _database_options(show, _commands.show)
     _key_options(show)
-    show.add_argument("--handler", help="only this handler")
-    show.add_argument("--json", action="store_true", help="one JSON document")
+    _show_options(show)
 
     release = commands.add_parser(
         "release", help="delete a handler's claim and effect records: the next delivery re-runs it"
@@ -145,6 +144,20 @@ def _run_of(subcommand: Subcommand) -> _commands.Command:
         return subcommand.run(engine, tables, args, broker, io.out)
 
     return run
+
+
+def _show_options(show: argparse.ArgumentParser) -> None:
+    show.add_argument("--handler", help="only this handler")
+    show.add_argument("--json", action="store_true", help="one JSON document")
+    show.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        default=[],
+        help="a message id no claim has: look for its dead letter in QUEUE.dlq, whose "
+        "x-inbox-claim-keys name the keys its handlers claim under; repeat",
+    )
+    show.add_argument("--broker", help=f"with --queue (default ${BROKER_URL_ENV})")
 
 
 def _database_options(parser: argparse.ArgumentParser, run: _commands.Command) -> None:

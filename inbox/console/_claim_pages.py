@@ -1,8 +1,10 @@
-"""The claims' pages: look a message up by id or business key, release one handler's claim
+"""The claims' pages: look a message up by id or business key (a message id no claim has also
+through its dead letter, in the console's queues), release one handler's claim
 (:mod:`inbox.operations._claims`)."""
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
@@ -41,12 +43,21 @@ async def claims(request: Request, user: User) -> Response:
     tables = tables_of(request)
     text = request.query_params.get("q", "").strip()
     business_key = request.query_params.get("key") == "1"
-    found = None
-    keys: tuple[_claims.LookupKey, ...] = ()
+    lookup = None
     if text:
-        keys = _lookup(text, business_key)
-        found = await run_in_threadpool(
-            _claims.find, settings.engine, tables.claims, tables.effects, keys
+        _lookup(text, business_key)  # a 400 for what cannot be a key
+        # A message id no claim has: its dead letter, if any, names its handlers' keys.
+        lookup = await run_in_threadpool(
+            functools.partial(
+                _claims.look_up,
+                settings.engine,
+                tables.claims,
+                tables.effects,
+                text,
+                business_key=business_key,
+                broker=settings.broker,
+                queues=settings.queues,
+            )
         )
     return render_page(
         request,
@@ -54,8 +65,9 @@ async def claims(request: Request, user: User) -> Response:
         user,
         q=text,
         business_key=business_key,
-        keys=keys,
-        found=found,
+        keys=lookup.keys if lookup else (),
+        found=lookup.found if lookup else None,
+        dead_letter_queue=lookup.dead_letter_queue if lookup else None,
         csrf=user.csrf,
     )
 

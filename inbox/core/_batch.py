@@ -258,6 +258,7 @@ class BatchProcessor(BatchParts[HandlerTransaction, ProcessResult]):
 def _failed(planned: Planned, error: Exception) -> HandlerFailed:
     failures = {handler.name: error for handler in planned.handlers}
     result = ProcessResult(planned.message.id, {})
-    failed = HandlerFailed(planned.message.id, failures, result)
+    keys = dict(zip((handler.name for handler in planned.handlers), planned.keys, strict=True))
+    failed = HandlerFailed(planned.message.id, failures, result, keys)
     failed.__cause__ = error
     return failed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -60,12 +61,16 @@ def settle(planned: Planned, backoff: Backoff) -> Steps:
                 what = functools.partial(describe, handler, message)
                 done = yield from rerun(run, done, backoff, what)
             if done.__class__ is not Failed:
-                settlement.done(handler.name, done)  # type: ignore[arg-type]
+                settlement.done(handler.name, done, key)  # type: ignore[arg-type]
                 continue
             error = done.error
             if isinstance(error, SETUP_ERRORS) or not isinstance(error, Exception):
                 raise error
-            settlement.failed(handler.name, error)
+            settlement.failed(handler.name, error, key)
+    if settlement.failures:  # for the dead letter: where each handler's claims are
+        settlement.claim_keys = dict(
+            zip((h.name for h in planned.handlers), planned.keys, strict=True)
+        )
     return settlement.result()
 
 
@@ -85,6 +90,8 @@ class Settlement:
     message: Message
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: dict[str, Exception] = field(default_factory=dict)
+    claim_keys: dict[str, bytes] | None = None
+    """Each handler's claim key, once a handler failed (for :class:`~inbox.HandlerFailed`)."""
     watch: MessageWatch | None = field(init=False, repr=False, compare=False)
     """The message's telemetry (None without OpenTelemetry): with tracing, its
     ``running(handler)`` makes the handler's span current around its run, retries included."""
@@ -92,35 +99,44 @@ class Settlement:
     def __post_init__(self) -> None:
         self.watch = watch(self.message)
 
-    def done(self, handler: str, outcome: Outcome) -> None:
-        """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE)."""
+    def done(self, handler: str, outcome: Outcome, key: bytes | None = None) -> None:
+        """Record a handler that committed (PROCESSED) or was skipped (DUPLICATE) under
+        claim ``key`` (None: a batch's duplicate, logged without it)."""
         self.outcomes[handler] = outcome
         if self.watch is not None:
             self.watch.done(handler, outcome)
+        # isEnabledFor first: the key is formatted only for a line that is written.
         if outcome is Outcome.DUPLICATE:
-            logger.info(
-                "duplicate skipped: message %s (type %r) already processed by %s",
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "duplicate skipped: message %s (type %r) already processed by %s%s",
+                    self.message.id,
+                    self.message.type,
+                    handler,
+                    _under(self.message, key),
+                )
+        elif logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "message %s (type %r) processed by %s%s",
                 self.message.id,
                 self.message.type,
                 handler,
-            )
-        else:
-            logger.debug(
-                "message %s (type %r) processed by %s", self.message.id, self.message.type, handler
+                _under(self.message, key),
             )
 
-    def failed(self, handler: str, error: Exception) -> None:
-        """Record a handler whose transaction was rolled back."""
+    def failed(self, handler: str, error: Exception, key: bytes | None = None) -> None:
+        """Record a handler whose transaction was rolled back (it claims under ``key``)."""
         self.failures[handler] = error
         if self.watch is not None:
             self.watch.failed(handler, error)
         # One line per failure; the traceback only at DEBUG (the caller also gets the
         # error in HandlerFailed, and a worker logs its decision: retry or dead letter).
         logger.warning(
-            "handler %s failed on message %s (type %r), rolled back: %s",
+            "handler %s failed on message %s (type %r)%s, rolled back: %s",
             handler,
             self.message.id,
             self.message.type,
+            _under(self.message, key),
             describe_error(error),
             exc_info=error if logger.isEnabledFor(logging.DEBUG) else None,
             extra={"inbox_error": error},  # for log filters: the error itself
@@ -134,5 +150,13 @@ class Settlement:
             self.watch.settled(self.outcomes, self.failures)
         if self.failures:
             first = next(iter(self.failures.values()))
-            raise HandlerFailed(self.message.id, self.failures, result) from first
+            raise HandlerFailed(self.message.id, self.failures, result, self.claim_keys) from first
         return result
+
+
+def _under(message: Message, key: bytes | None) -> str:
+    """`` under claim key K`` for a log line, when the handler claims under a key that is not
+    the message id (``key=``, an ``idempotency-key``): the claims are found by that key."""
+    if key is None or key == message.id.bytes:
+        return ""
+    return f" under claim key {uuid.UUID(bytes=key)}"

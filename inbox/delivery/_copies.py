@@ -21,7 +21,14 @@ from inbox.delivery._policy import DeadLetterReason
 __all__ = ["trimmed_headers"]
 
 # The bookkeeping a trimmed copy keeps of the headers the inbox added.
-_KEPT_ADDED: Final = (h.TRIES, h.FIRST_FAILURE, h.LAST_FAILURE, h.ERROR, h.FAILED_HANDLERS)
+_KEPT_ADDED: Final = (
+    h.TRIES,
+    h.FIRST_FAILURE,
+    h.LAST_FAILURE,
+    h.ERROR,
+    h.FAILED_HANDLERS,
+    h.CLAIM_KEYS,
+)
 # What it keeps of the delivery's own headers: how to decode the body, and its age.
 _KEPT_OWN: Final = ("compression", h.ORIGINAL_FIRST_FAILURE)
 

@@ -7,6 +7,7 @@ The worker carries the decision out; nothing here does I/O.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -85,6 +86,8 @@ class DeadLetter:
     detail: str
     tries: int | None = None
     failed_handlers: tuple[str, ...] = ()
+    claim_keys: tuple[tuple[str, uuid.UUID], ...] = ()
+    """Each handler that claims under a key other than the message id, with that key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +134,25 @@ def decide(
     if any(isinstance(e, TransactionControlError) for e in failures.values()):
         # The handler ended the inbox's transaction: its claim may be committed without the
         # rest of its writes, so a retry would be skipped as a duplicate. A person decides.
-        return DeadLetter(DeadLetterReason.TRANSACTION_ENDED, described, tries, failed)
-    if any(isinstance(e, UncertainEffect) for e in failures.values()):
+        reason = DeadLetterReason.TRANSACTION_ENDED
+    elif any(isinstance(e, UncertainEffect) for e in failures.values()):
         # An effect outside the database may have been made and must not be made again:
         # every retry would raise the same. A person finds out what happened.
-        return DeadLetter(DeadLetterReason.UNCERTAIN_EFFECT, described, tries, failed)
-    if policy.exhausted(tries):
-        return DeadLetter(DeadLetterReason.HANDLER_FAILED, described, tries, failed)
-    return Retry(tries, policy.delay_ms(tries), described, failed)
+        reason = DeadLetterReason.UNCERTAIN_EFFECT
+    elif policy.exhausted(tries):
+        reason = DeadLetterReason.HANDLER_FAILED
+    else:
+        return Retry(tries, policy.delay_ms(tries), described, failed)
+    return DeadLetter(reason, described, tries, failed, _claim_keys(outcome))
+
+
+def _claim_keys(outcome: BaseException) -> tuple[tuple[str, uuid.UUID], ...]:
+    if not isinstance(outcome, HandlerFailed):
+        return ()
+    own = outcome.message_id.bytes
+    return tuple(
+        (name, uuid.UUID(bytes=key)) for name, key in outcome.claim_keys.items() if key != own
+    )
 
 
 def describe_failure(failed: HandlerFailed) -> str:
@@ -161,5 +175,7 @@ def dead_letter_headers(headers: Mapping[str, Any], dead: DeadLetter, queue: str
         h.SOURCE_QUEUE: queue,
         h.DEAD_LETTERED_AT: h.now_utc(),
     }
+    if dead.claim_keys:
+        extra[h.CLAIM_KEYS] = h.claim_keys_value(dead.claim_keys)
     extra.setdefault(h.ERROR, h.truncate(dead.detail))
     return extra

@@ -114,13 +114,14 @@ class Settling:
         self.stats.dead_lettered += 1
         self.stats.dead_letter_reasons[str(dead.reason)] += 1
         self.logger.error(
-            "message %s (type %r) dead-lettered to %s: %s%s: %s",
+            "message %s (type %r) dead-lettered to %s: %s%s: %s%s",
             message_id,
             message_type,
             dead_letters,
             dead.reason,
             f" after {dead.tries} tries" if dead.tries else "",
             dead.detail,
+            f" (claim keys: {h.claim_keys_value(dead.claim_keys)})" if dead.claim_keys else "",
         )
         return dead_letter_headers(headers, dead, queue)
 

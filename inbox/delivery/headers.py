@@ -7,12 +7,15 @@ dead letter says why it is there and can be re-published as it is once the cause
 from __future__ import annotations
 
 import datetime as dt
+import re
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from inbox._oneline import bounded, describe_error
 
 __all__ = [
+    "CLAIM_KEYS",
     "DEAD_LETTERED_AT",
     "ERROR",
     "FAILED_HANDLERS",
@@ -35,6 +38,11 @@ ERROR: Final = "x-inbox-error"
 1,000 characters; never SQL text or bound parameters."""
 FAILED_HANDLERS: Final = "x-inbox-failed-handlers"
 """Names of the handlers that failed on the latest attempt, comma-separated."""
+CLAIM_KEYS: Final = "x-inbox-claim-keys"
+"""On a dead letter: the key each of the message's handlers claims under where it is not the
+message id (a handler with ``key=``, or a producer's ``idempotency-key``), as
+``handler=KEY`` pairs (``KEY`` a UUID) joined by commas; absent when every handler claims
+under the message id. ``inbox show`` and the console find the claims by it."""
 REASON: Final = "x-inbox-reason"
 """On a dead letter: why it was dead-lettered (an :class:`inbox.broker.DeadLetterReason`)."""
 SOURCE_QUEUE: Final = "x-inbox-queue"
@@ -77,6 +85,26 @@ def failure_headers(
         ERROR: truncate(error),
         FAILED_HANDLERS: ",".join(failed_handlers),
     }
+
+
+def claim_keys_value(keys: Iterable[tuple[str, uuid.UUID]]) -> str:
+    """The :data:`CLAIM_KEYS` header of (handler, key) pairs."""
+    return ",".join(f"{handler}={key}" for handler, key in keys)
+
+
+_CLAIM_KEY: Final = re.compile(
+    r"(.+?)=([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(?:,|$)"
+)
+
+
+def parse_claim_keys(value: object) -> dict[str, uuid.UUID]:
+    """The (handler, key) pairs of a :data:`CLAIM_KEYS` header; what does not parse is left
+    out (a header not written by a worker). A handler name may hold commas: a key ends each."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return {}
+    return {m.group(1): uuid.UUID(m.group(2)) for m in _CLAIM_KEY.finditer(value)}
 
 
 def describe(exc: BaseException) -> str:

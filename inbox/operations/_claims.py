@@ -5,6 +5,12 @@ The keys are computed as the core computes them (:meth:`inbox.core._handlers.Reg
 .claim_key`): a handler without ``key=`` claims under the producer's ``idempotency-key``
 (``uuid5(KEY_NAMESPACE, key)``) or else the message id; a handler with ``key=`` under what
 its function returned (a string through the same ``uuid5``, a UUID or 16 bytes as they are).
+
+So a message id finds only the claims of handlers that claim under it. The claims table holds
+no message id beside a key (a wider row on every claim, for the rare look-up), so from a
+message id alone the others are found only where the key was written down: a worker's log
+lines (``under claim key K``) and a dead letter's ``x-inbox-claim-keys`` header, which
+:func:`look_up` reads when it is given the workers' queues.
 """
 
 from __future__ import annotations
@@ -16,16 +22,21 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, Table, delete, inspect, select
 
+from inbox.delivery import headers as h
 from inbox.errors import ConfigurationError, InvalidMessage
-from inbox.message import key_bytes, parse_message_id
+from inbox.message import IDEMPOTENCY_KEY_HEADER, key_bytes, parse_message_id
+from inbox.operations import _dead_letters
 
 __all__ = [
     "Claim",
     "Effect",
     "Found",
+    "Lookup",
     "LookupKey",
     "find",
     "handlers_holding",
+    "keys_in_dead_letters",
+    "look_up",
     "lookup_keys",
     "release",
 ]
@@ -73,6 +84,85 @@ class Found:
 
     def __bool__(self) -> bool:
         return bool(self.claims or self.effects)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What :func:`look_up` found for what the operator typed: the keys it looked under, the
+    claims and effect records, and the dead-letter queue whose letter named further keys."""
+
+    keys: tuple[LookupKey, ...]
+    found: Found
+    dead_letter_queue: str | None = None
+
+
+def look_up(
+    engine: Engine,
+    claims: Table,
+    effects: Table | None,
+    text: str,
+    *,
+    business_key: bool = False,
+    handler: str | None = None,
+    broker: str | None = None,
+    queues: Sequence[str] = (),
+) -> Lookup:
+    """The claims and effect records under ``text`` (:func:`lookup_keys`). When ``text`` is
+    a message id and ``queues`` are given, its dead letter in their dead-letter queues (read
+    up to their depth, left in place) names the keys its handlers claim under, and the claims
+    are looked up under those too: one step from the id to the claims."""
+    keys = lookup_keys(text, business_key=business_key)
+    found = find(engine, claims, effects, keys, handler)
+    if not queues or broker is None or keys[0].how != "message id":
+        return Lookup(keys, found)
+    letter = keys_in_dead_letters(broker, queues, str(keys[0].key))
+    if letter is None:
+        return Lookup(keys, found)
+    queue, named = letter
+    more = tuple(k for k in named if all(k.key != asked.key for asked in keys))
+    also = find(engine, claims, effects, more, handler)
+    merged = Found(found.claims + also.claims, found.effects + also.effects)
+    return Lookup(keys + more, merged, queue)
+
+
+def keys_in_dead_letters(
+    broker: str, queues: Sequence[str], message_id: str
+) -> tuple[str, tuple[LookupKey, ...]] | None:
+    """The first dead letter with ``message_id`` in the dead-letter queues of ``queues``
+    (read without taking it) that names claim keys: its queue and those keys (its
+    ``x-inbox-claim-keys``, its ``idempotency-key``). None when there is no such letter."""
+    for queue in queues:
+        dlq = _dead_letters.dead_letter_queue(queue)
+        if not _dead_letters.depth_if_present(broker, dlq):
+            continue  # none, or no dead-letter queue: nothing was dead-lettered from there
+        with _dead_letters.open_channel(broker) as channel:  # closed: the letters are back
+            message = _dead_letters.find(channel, queue, message_id)
+        if message is None:
+            continue
+        keys = _keys_of_headers(message.properties.get("application_headers") or {}, dlq)
+        if keys:
+            return dlq, keys
+    return None
+
+
+def _keys_of_headers(headers: dict[str, object], dlq: str) -> tuple[LookupKey, ...]:
+    handlers: dict[uuid.UUID, list[str]] = {}
+    for handler, key in h.parse_claim_keys(headers.get(h.CLAIM_KEYS)).items():
+        handlers.setdefault(key, []).append(handler)
+    keys = [
+        LookupKey(key, f"claim key of {', '.join(names)} (dead letter in {dlq})")
+        for key, names in handlers.items()
+    ]
+    idempotency_key = headers.get(IDEMPOTENCY_KEY_HEADER)
+    if isinstance(idempotency_key, bytes):
+        idempotency_key = idempotency_key.decode("utf-8", "replace")
+    if isinstance(idempotency_key, str) and idempotency_key:
+        key = uuid.UUID(bytes=key_bytes(idempotency_key))
+        if all(k.key != key for k in keys):
+            keys.append(
+                LookupKey(key, f"idempotency key {idempotency_key!r} (dead letter in {dlq})")
+            )
+    return tuple(keys)
 
 
 def lookup_keys(text: str, *, business_key: bool = False) -> tuple[LookupKey, ...]:

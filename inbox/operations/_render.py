@@ -18,6 +18,7 @@ __all__ = [
     "BodyView",
     "body_view",
     "found_lines",
+    "message_id_hint",
     "move_line",
     "property_lines",
     "when",
@@ -43,6 +44,23 @@ def found_lines(found: Found) -> Iterator[str]:
             f"{effect.attempts} attempt(s), started {when(effect.started_at)}, updated "
             f"{when(effect.updated_at)}{error}"
         )
+
+
+def message_id_hint(looked_in_dead_letters: bool) -> Iterator[str]:
+    """Why a message id finds no claim, and where the keys are (``inbox show``)."""
+    yield (
+        "a handler claims under the message id only without key= and without an "
+        "idempotency-key header; otherwise under that key, and the claims table holds no "
+        "message id beside it"
+    )
+    yield (
+        "the key is in the worker's log lines for the message ('under claim key K'; at "
+        "--log-level DEBUG for a handler that committed), in its dead letter's "
+        "x-inbox-claim-keys and idempotency-key headers (inbox dlq show ID), or what your "
+        "key= function returns for the message: inbox show KEY"
+    )
+    if not looked_in_dead_letters:
+        yield "to look in the dead letters: inbox show ID --queue QUEUE"
 
 
 def move_line(report: MoveReport, command: str) -> str:

@@ -171,7 +171,14 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 def _move_options(parser: argparse.ArgumentParser) -> None:
     _broker_options(parser)
-    parser.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    parser.add_argument(
+        "--limit", type=whole_number(1), help="take at most N of the dead letters that match"
+    )
+    parser.add_argument(
+        "--max-read",
+        type=whole_number(1),
+        help="read at most N dead letters (default: all those present at the start)",
+    )
     parser.add_argument(
         "--reason",
         action="append",

@@ -95,11 +95,8 @@ def _read(args: argparse.Namespace, channel: amqp.Channel, io: Streams) -> int:
 
 def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Streams) -> int | None:
     """Ask before a purge, after showing what it would take (a dry run on a channel of its
-    own: what it read is back in place when the question is asked). None: go ahead; else
-    the exit code."""
-    if io.confirm is None:
-        io.err.write("inbox: error: refusing to purge without --yes (no terminal to ask on)\n")
-        return EXIT_USAGE
+    own: what it read is back in place when the question is asked); without a terminal,
+    show it and refuse. None: go ahead; else the exit code."""
     with _dlq.open_channel(broker) as channel:
         preview = _replay.purge(
             channel, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
@@ -108,6 +105,9 @@ def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Stre
     _write_taken(preview, io.out)
     if preview.moved == 0:
         return EXIT_OK
+    if io.confirm is None:
+        io.err.write("inbox: error: refusing to purge without --yes (no terminal to ask on)\n")
+        return EXIT_USAGE
     if io.confirm(f"delete these dead letters of {preview.dead_letter_queue} for good?"):
         return None
     io.err.write("inbox: nothing purged\n")

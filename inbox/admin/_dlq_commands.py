@@ -7,8 +7,6 @@ import argparse
 from collections.abc import Callable
 from typing import TextIO
 
-import amqp
-
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
@@ -22,8 +20,7 @@ __all__ = ["dlq"]
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """Run one ``inbox dlq`` subcommand; broker errors propagate."""
     if args.dlq_command in ("list", "show"):
-        with _dlq.open_channel(broker) as channel:
-            return _read(args, channel, io)
+        return _read(args, broker, io)
     filters = Filters(
         frozenset(args.reason),
         frozenset(args.handler),
@@ -71,17 +68,19 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     return EXIT_OK
 
 
-def _read(args: argparse.Namespace, channel: amqp.Channel, io: Streams) -> int:
+def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """``inbox dlq list`` and ``inbox dlq show``: dead letters read, left in place."""
-    if args.dlq_command == "list":
-        present, letters = _dlq.peek(channel, args.queue, args.limit)
-        if args.json:
-            io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
-        else:
-            io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
-            io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
-        return EXIT_OK
-    message = _dlq.find(channel, args.queue, args.message_id)
+    with _dlq.open_channel(broker) as channel:
+        if args.dlq_command == "list":
+            present, letters = _dlq.peek(channel, args.queue, args.limit)
+            if args.json:
+                io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
+            else:
+                dlq = _dlq.dead_letter_queue(args.queue)
+                io.out.write(f"{present} dead letters in {dlq}\n")
+                io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
+            return EXIT_OK
+        message = _dlq.find(channel, args.queue, args.message_id)
     if message is None:
         dlq = _dlq.dead_letter_queue(args.queue)
         io.out.write(f"no dead letter {args.message_id} in {dlq}\n")

@@ -6,7 +6,9 @@ request authenticated by HTTP Basic records its user name, also when it is refus
 from __future__ import annotations
 
 import base64
+import io
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -20,6 +22,7 @@ import httpx
 from console_support import PASSWORD, TOKEN
 from support.databases import Database
 
+from inbox.console._audit import audit, log_to
 from inbox.console._auth import SESSION_COOKIE
 
 BASIC = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
@@ -140,3 +143,31 @@ def test_an_audit_file_that_cannot_be_opened_is_a_usage_error(
     )
     assert result.returncode == 2, result.stderr
     assert f"cannot open the audit file {missing}: No such file or directory" in result.stderr
+
+
+def test_log_to_again_replaces_what_it_set_up(tmp_path: Path) -> None:
+    first, second = io.StringIO(), io.StringIO()
+    audit_file = tmp_path / "audit.jsonl"
+    try:
+        log_to("info", str(audit_file), stream=first)
+        log_to("info", str(audit_file), stream=second)
+        audit("alice", "dlq.purge", 2, {"queue": "orders", "dry_run": False})
+        logging.getLogger("inbox.console.pages").info("not an audit fact")
+    finally:  # leave the logging of the tests after this one as it was
+        console = logging.getLogger("inbox.console")
+        for handler in list(console.handlers):
+            console.removeHandler(handler)
+            handler.close()
+        console.setLevel(logging.NOTSET)
+    assert first.getvalue() == ""
+    lines = second.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "console action by='alice' action=dlq.purge count=2 queue='orders'" in lines[0]
+    [record] = [json.loads(x) for x in audit_file.read_text(encoding="utf-8").splitlines()]
+    assert {k: v for k, v in record.items() if k != "time"} == {
+        "who": "alice",
+        "action": "dlq.purge",
+        "count": 2,
+        "queue": "orders",
+        "dry_run": False,
+    }

@@ -26,6 +26,7 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 """What ``inbox console --log-level`` takes; the audit lines are ``info``."""
 _CONSOLE_LOGGER: Final = "inbox.console"
 _FACTS: Final = "inbox_audit"
+_HANDLER_NAME: Final = "inbox-console"
 _log = logging.getLogger(AUDIT_LOGGER)
 
 
@@ -81,23 +82,32 @@ def log_to(level: str, audit_file: str | None = None, stream: TextIO | None = No
     """Write the console's log lines (the audit lines among them) at ``level`` and above to
     ``stream`` (stderr by default); with ``audit_file``, also append every audit line to it
     as JSON (:class:`AuditJson`), whatever ``level`` says. A file that cannot be opened is
-    a ConfigurationError."""
+    a ConfigurationError. Called again, it replaces what it set up before."""
     if level not in LOG_LEVELS:
         raise ConfigurationError(f"unknown log level {level!r}: one of {', '.join(LOG_LEVELS)}")
-    console = logging.getLogger(_CONSOLE_LOGGER)
-    # The logger passes the audit lines on whatever the level; each handler filters.
-    console.setLevel(min(logging.INFO, logging.getLevelName(level.upper())))
-    lines = logging.StreamHandler(sys.stderr if stream is None else stream)
-    lines.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    lines.setLevel(level.upper())
-    console.addHandler(lines)
+    handlers: list[logging.Handler] = []
     if audit_file is not None:
         try:
-            handler = logging.FileHandler(audit_file, mode="a", encoding="utf-8")
+            to_file = logging.FileHandler(audit_file, mode="a", encoding="utf-8")
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot open the audit file {audit_file}: {exc.strerror}"
             ) from None
-        handler.setFormatter(AuditJson())
-        handler.setLevel(logging.INFO)
-        logging.getLogger(AUDIT_LOGGER).addHandler(handler)
+        to_file.setFormatter(AuditJson())
+        to_file.setLevel(logging.INFO)
+        # Only the audit lines go to the file: the other console lines are not audit facts.
+        to_file.addFilter(lambda record: record.name == AUDIT_LOGGER)
+        handlers.append(to_file)
+    lines = logging.StreamHandler(sys.stderr if stream is None else stream)
+    lines.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    lines.setLevel(level.upper())
+    handlers.append(lines)
+    console = logging.getLogger(_CONSOLE_LOGGER)
+    for old in [x for x in console.handlers if x.name == _HANDLER_NAME]:
+        console.removeHandler(old)
+        old.close()
+    for handler in handlers:
+        handler.set_name(_HANDLER_NAME)
+        console.addHandler(handler)
+    # The logger passes the audit lines on whatever the level; each handler filters.
+    console.setLevel(min(logging.INFO, logging.getLevelName(level.upper())))

@@ -274,7 +274,9 @@ def print_figures(reports: Sequence[ScenarioReport]) -> None:
 
 def scenario_main(module: Scenario, argv: list[str] | None = None) -> int:
     """Run one scenario alone: parse its options, run it, print its table, write JSON."""
-    parser = argparse.ArgumentParser(description=f"{module.SCENARIO}: {module.TITLE}")
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=f"{module.SCENARIO}: {module.TITLE}"
+    )
     module.add_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--json", type=Path, default=None, help="where to write the JSON")

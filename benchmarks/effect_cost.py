@@ -140,7 +140,7 @@ def measure(url: str, messages: int, rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--postgres", default=DEFAULT_DATABASE)

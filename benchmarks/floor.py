@@ -56,7 +56,7 @@ VARIANTS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=DEFAULT_DATABASE)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)

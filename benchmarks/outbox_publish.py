@@ -205,7 +205,7 @@ def print_table(backend: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--postgres", default=DEFAULT_DATABASE)

@@ -136,7 +136,7 @@ def run_one(benchmark: Benchmark, quick: bool, out_dir: Path, timeout: float) ->
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks, write the index and the machine, regenerate the page."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for every benchmark")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="some benchmarks, by name")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark")

@@ -36,7 +36,7 @@ FIGURES = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", action="append", required=True, metavar="NAME=PATH")
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)

@@ -204,7 +204,7 @@ class Feeder(threading.Thread):
 
 def worker_topology(queue: str, worker_args: list[str]) -> QueueTopology:
     """The queues ``inbox-worker`` declares for ``queue`` with ``worker_args``."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     parser.add_argument("--retry-delays", default=None)
     parser.add_argument("--max-tries", type=int, default=DEFAULT_MAX_TRIES)
     parser.add_argument("--queue-type", default=QueueType.CLASSIC.value)

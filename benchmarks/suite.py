@@ -42,7 +42,7 @@ MODULES = {
 
 def scenario_options(module: ModuleType, quick: bool, overrides: list[str]) -> argparse.Namespace:
     """The scenario's defaults, its QUICK values under --quick, then the --set overrides."""
-    parser = argparse.ArgumentParser(prog=module.__name__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog=module.__name__)
     module.add_arguments(parser)
     options = parser.parse_args([])
     if quick:
@@ -86,7 +86,7 @@ def _find(report: ScenarioReport, prefix: str, part: str) -> Figure | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(MODULES), default=list(MODULES))
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(

@@ -184,7 +184,7 @@ def measure(url: str, messages: int, rounds: int) -> dict[str, dict[str, list[fl
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--databases", nargs="+", default=["postgresql", "sqlite"], choices=["postgresql", "sqlite"]
     )

@@ -153,7 +153,7 @@ async def _count(session: AsyncSession, table: Table) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the example; exit 0 when every order has exactly one invoice."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help="default: SQLite in a fresh temporary directory")
     options = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:

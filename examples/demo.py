@@ -259,7 +259,9 @@ def _print_ledger(ledger: Ledger, database: str, broker: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo from the command line; exit 0 when the ledger is exact, else 1."""
-    parser = argparse.ArgumentParser(prog="examples/demo.py", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="examples/demo.py", description=__doc__
+    )
     parser.add_argument("--database-url", help="default: SQLite in a fresh temporary directory")
     parser.add_argument(
         "--broker", default="memory://", help="kombu broker URL (default: memory://, in-process)"

@@ -246,7 +246,9 @@ def _run_crash_child(point: str, paths_json: str, payload: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the SMS demo; exit 0 when the ledger is exact, else 1."""
-    parser = argparse.ArgumentParser(prog="examples/demo_sms.py", description=__doc__)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="examples/demo_sms.py", description=__doc__
+    )
     parser.add_argument("--requests", type=int, default=60, help="SMS requests to send")
     parser.add_argument("--seed", type=int, default=7, help="seed for the delivery shuffle")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the inbox's log")

@@ -215,7 +215,7 @@ def take_all(broker: str, queue: str) -> list[object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the example from the command line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help="default: SQLite in a fresh temporary directory")
     parser.add_argument("--broker", default="memory://", help="default: memory:// (in-process)")
     parser.add_argument("--prefix", default="example", help="queue names start with it")

@@ -194,7 +194,7 @@ def run(database_url: str, effects_url: str, broker: str, prefix: str = "example
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the example; exit 0 when every order was charged exactly once."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help="default: SQLite in a temporary directory")
     parser.add_argument("--broker", default="memory://", help="default: memory:// (in-process)")
     parser.add_argument("--prefix", default="example", help="queue name prefix")

@@ -175,7 +175,7 @@ def run(scratch: Path, broker: str, prefix: str = "example") -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the example; exit 0 when no tenant saw another tenant's orders."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--broker", default="memory://", help="default: memory:// (in-process)")
     parser.add_argument("--prefix", default="example", help="queue name prefix")
     options = parser.parse_args(argv)

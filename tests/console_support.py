@@ -74,11 +74,12 @@ def dead_letter(
     message_id: str | None = None,
     ref: str = "r1",
     error: str = "ValueError: poison r1",
+    dead_lettered_at: dt.datetime | None = None,
 ) -> str:
     """Put one dead letter in ``queue``'s .dlq with the headers the worker writes; return
     its message id."""
     message_id = message_id or str(uuid.uuid4())
-    now = dt.datetime.now(dt.UTC)
+    now = dead_lettered_at or dt.datetime.now(dt.UTC)
     headers: dict[str, Any] = {
         h.REASON: reason,
         h.TRIES: 3,

@@ -105,7 +105,8 @@ def test_poison_is_replayed_once_per_run_with_its_tries_reset_then_processed_onc
         code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue)
         assert code == 0
         assert (
-            out == f"replayed {len(POISON)} of {len(POISON)} dead letters from {dlq} to {queue}\n"
+            out == f"replayed {len(POISON)} of {len(POISON)} dead letters from {dlq} to {queue} "
+            f"(read {len(POISON)}, matched {len(POISON)})\n"
         )
         wait_until(
             lambda: (
@@ -122,7 +123,8 @@ def test_poison_is_replayed_once_per_run_with_its_tries_reset_then_processed_onc
         assert code == 0
         lines = out.splitlines()
         assert lines[0] == (
-            f"replayed 0 of {len(POISON)} dead letters from {dlq} to {queue}; left: "
+            f"replayed 0 of {len(POISON)} dead letters from {dlq} to {queue} "
+            f"(read {len(POISON)}, matched {len(POISON)}); left: "
             f"{len(POISON)} replayed too often already"
         )
         assert len(lines) == 1 + len(POISON)
@@ -205,7 +207,16 @@ def test_filters_dry_run_and_what_a_replayed_copy_carries(
 
     code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--dry-run")
     assert code == 0
-    assert out == f"would replay 3 of 3 dead letters from {dlq} to {queue}\n"
+    lines = out.splitlines()
+    assert lines[0] == f"would replay 3 of 3 dead letters from {dlq} to {queue} (read 3, matched 3)"
+    # the preview lists what it would replay: id, type, reason, tries, replays, last error
+    assert [line.split()[0] for line in lines[1:]] == [
+        f"id={failed_a}",
+        f"id={unhandled}",
+        f"id={failed_b}",
+    ]
+    assert "reason=unhandled-type tries=5 replays=0" in lines[2]
+    assert lines[3].endswith("replays=2 handlers=ops.b,ops.c error=ValueError: no")
     assert (rabbit.depth(queue), rabbit.depth(dlq)) == (0, 3)
     assert [x["message_id"] for x in listed(rabbit, queue)["dead_letters"]] == [
         failed_a,
@@ -215,7 +226,8 @@ def test_filters_dry_run_and_what_a_replayed_copy_carries(
 
     code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--reason", "unhandled-type")
     assert out == (
-        f"replayed 1 of 3 dead letters from {dlq} to {queue}; left: 2 not matching the filters\n"
+        f"replayed 1 of 3 dead letters from {dlq} to {queue} (read 3, matched 1); left: 2 not "
+        "matching the filters\n"
     )
     code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--handler", "ops.c")
     assert out.startswith("replayed 1 of 2 ")
@@ -232,7 +244,7 @@ def test_filters_dry_run_and_what_a_replayed_copy_carries(
     assert not {h.TRIES, h.REASON, h.ERROR, h.FAILED_HANDLERS} & set(copy.headers)
 
     code, out, _ = inbox_cli(rabbit, "replay", "--queue", queue, "--keep-tries", "--limit", "1")
-    assert out == f"replayed 1 of 1 dead letters from {dlq} to {queue}\n"
+    assert out == f"replayed 1 of 1 dead letters from {dlq} to {queue} (read 1, matched 1)\n"
     [kept] = rabbit.take_all(queue)
     assert kept.headers[h.TRIES] == 5
     assert kept.headers[REPLAYS] == 1
@@ -347,6 +359,7 @@ def test_show_purge_and_the_age_filter(rabbit: Rabbit, queues: tuple[str, str, A
     now = dt.datetime.now(dt.UTC)
     old = dead_letter(channel, dlq, "handler-failed", "ops.a", at=now - dt.timedelta(hours=2))
     new = dead_letter(channel, dlq, "unhandled-type", "", at=now)
+    old_at = (now - dt.timedelta(hours=2)).isoformat(timespec="milliseconds")
 
     code, out, _ = inbox_cli(rabbit, "show", "--queue", queue, old)
     assert code == 0
@@ -367,13 +380,21 @@ def test_show_purge_and_the_age_filter(rabbit: Rabbit, queues: tuple[str, str, A
         "inbox: error: refusing to purge without --yes (no terminal to ask on)\n",
     )
     code, out, _ = inbox_cli(rabbit, "purge", "--queue", queue, "--older-than", "1h", "--dry-run")
-    assert out == f"would purge 1 of 2 dead letters from {dlq}; left: 1 not matching the filters\n"
+    assert out.splitlines() == [
+        f"would purge 1 of 2 dead letters from {dlq} (read 2, matched 1); left: 1 not matching "
+        "the filters",
+        f"  id={old} type=op reason=handler-failed tries=5 replays=0 at={old_at} handlers=ops.a "
+        "error=ValueError: no",
+    ]
     wait_until(lambda: rabbit.depth(dlq) == 2, "the dead letters back in place")
 
     code, out, _ = inbox_cli(rabbit, "purge", "--queue", queue, "--older-than", "1h", "--yes")
 
     assert code == 0
-    assert out == f"purged 1 of 2 dead letters from {dlq}; left: 1 not matching the filters\n"
+    assert out == (
+        f"purged 1 of 2 dead letters from {dlq} (read 2, matched 1); left: 1 not matching the "
+        "filters\n"
+    )
     assert [x["message_id"] for x in listed(rabbit, queue)["dead_letters"]] == [new]
     code, _, err = inbox_cli(rabbit, "purge", "--queue", queue, "--older-than", "soon")
     assert code == 2
@@ -471,9 +492,9 @@ def test_progress_on_a_terminal_and_quiet(rabbit: Rabbit, queues: tuple[str, str
     )
 
     assert code == 0
-    assert err.getvalue() == "\r100/120 read, 100 taken\r120/120 read, 120 taken\n"
+    assert err.getvalue() == "\r100/150 read, 100 taken\r120/150 read, 120 taken\n"
     assert out.getvalue().startswith("replayed 120 of 150 dead letters")
-    assert out.getvalue().endswith("left: 30 not read (--limit, or taken meanwhile)\n")
+    assert out.getvalue().endswith("left: 30 not read (--limit 120 reached)\n")
 
     out, err = io.StringIO(), Terminal()
     code = admin_main(
@@ -483,6 +504,51 @@ def test_progress_on_a_terminal_and_quiet(rabbit: Rabbit, queues: tuple[str, str
     )
     assert (code, out.getvalue(), err.getvalue()) == (0, "", "")
     assert rabbit.depth(queue) == 150
+
+
+def test_limit_counts_the_matching_dead_letters_and_max_read_bounds_the_reading(
+    rabbit: Rabbit, queues: tuple[str, str, Any]
+) -> None:
+    """Issue 32 item 8: ``--reason R --limit N`` replays N matching letters even when
+    letters of other reasons come first; ``--max-read`` still bounds what is read."""
+    queue, dlq, channel = queues
+    wanted = []
+    for i in range(20):
+        if i % 4 == 3:  # the 4th, 8th, ... letters: the matching ones come late
+            wanted.append(dead_letter(channel, dlq, "handler-failed", "ops.a"))
+        else:
+            dead_letter(channel, dlq, "unhandled-type", "")
+
+    code, out, err = inbox_cli(
+        rabbit, "replay", "--queue", queue, "--reason", "handler-failed", "--limit", "2"
+    )
+    assert code == 0, err
+    assert out == (
+        f"replayed 2 of 20 dead letters from {dlq} to {queue} (read 8, matched 2); left: "
+        "6 not matching the filters, 12 not read (--limit 2 reached)\n"
+    )
+    assert [m.properties["message_id"] for m in rabbit.take_all(queue)] == wanted[:2]
+
+    code, out, err = inbox_cli(
+        rabbit,
+        "purge",
+        "--queue",
+        queue,
+        "--reason",
+        "handler-failed",
+        "--limit",
+        "5",
+        "--max-read",
+        "10",
+        "--dry-run",
+    )
+    assert code == 0, err
+    assert out.splitlines()[0] == (
+        f"would purge 1 of 18 dead letters from {dlq} (read 10, matched 1); left: "
+        "9 not matching the filters, 8 not read (--max-read 10)"
+    )
+    assert out.splitlines()[1].startswith(f"  id={wanted[2]} ")
+    wait_until(lambda: rabbit.depth(dlq) == 18, "the dead letters back in place")
 
 
 def test_replay_and_purge_take_only_the_chosen_message_ids(rabbit: Rabbit) -> None:

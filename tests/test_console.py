@@ -101,7 +101,11 @@ def test_nothing_is_shown_or_done_without_the_token_or_password(pg_db: Database)
     assert "wrong token or password" in wrong.text
     assert SESSION_COOKIE not in wrong.cookies
     bad_basic = "Basic " + base64.b64encode(b"alice:nope").decode()
-    assert client.get("/", headers={"authorization": bad_basic}).url.path == "/login"
+    for bad in (bad_basic, f"Bearer {TOKEN}x", "Bearer", "Digest x"):
+        # a script with wrong credentials gets 401, never the HTML sign-in page
+        answer = client.get("/dead-letters", headers={"authorization": bad}, follow_redirects=False)
+        assert answer.status_code == 401, bad
+        assert "wrong token or password in the Authorization header" in answer.text
 
     basic = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
     assert client.get("/", headers={"authorization": basic}).status_code == 200

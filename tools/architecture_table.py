@@ -137,7 +137,7 @@ def missing_paths(text: str, root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"rewrite {DOC.name}")
     args = parser.parse_args(argv)
     result = rewrite(DOC.read_text())

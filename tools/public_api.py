@@ -161,7 +161,7 @@ def _constant(value: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"rewrite {SNAPSHOT.name}")
     args = parser.parse_args(argv)
     text = snapshot()

@@ -9,7 +9,7 @@ import io
 import os
 import re
 import sys
-from typing import Final, NoReturn, TextIO, cast
+from typing import Any, Final, NoReturn, TextIO, cast
 
 from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -88,7 +88,12 @@ def add_version(parser: argparse.ArgumentParser) -> None:
 
 
 class UsageParser(argparse.ArgumentParser):
-    """An ArgumentParser that reports errors to its caller instead of exiting the process."""
+    """An ArgumentParser that reports errors to its caller instead of exiting the process,
+    and takes no abbreviation of a long option (``--token`` is never ``--token-file``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Raise :class:`UsageError` with argparse's message and this parser's ``prog``."""

@@ -19,35 +19,19 @@ __all__ = ["dlq"]
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """Run one ``inbox dlq`` subcommand; broker errors propagate."""
+    if args.dlq_command in ("list", "show"):
+        return _read(args, broker, io)
+    filters = Filters(
+        frozenset(args.reason),
+        frozenset(args.handler),
+        args.older_than,
+        frozenset(args.message_ids),
+    )
+    if args.dlq_command == "purge" and not args.dry_run and not args.yes:
+        asked = _confirmed(args, broker, filters, io)
+        if asked is not None:
+            return asked
     with _dlq.open_channel(broker) as channel:
-        if args.dlq_command == "list":
-            present, letters = _dlq.peek(channel, args.queue, args.limit)
-            if args.json:
-                io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
-            else:
-                io.out.write(f"{present} dead letters in {_dlq.dead_letter_queue(args.queue)}\n")
-                io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
-            return EXIT_OK
-        if args.dlq_command == "show":
-            message = _dlq.find(channel, args.queue, args.message_id)
-            if message is None:
-                io.out.write(
-                    f"no dead letter {args.message_id} in {_dlq.dead_letter_queue(args.queue)}\n"
-                )
-                return EXIT_NOT_FOUND
-            io.out.writelines(
-                f"{line}\n"
-                for line in _printing.message_lines(message.properties, message.body, args.max_body)
-            )
-            return EXIT_OK
-        filters = Filters(
-            frozenset(args.reason),
-            frozenset(args.handler),
-            args.older_than,
-            frozenset(args.message_ids),
-        )
-        if args.dlq_command == "purge" and not args.dry_run and not _confirmed(args, io):
-            return EXIT_USAGE
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
         if args.dlq_command == "replay":
             report = _replay.replay(
@@ -55,6 +39,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 args.queue,
                 filters,
                 limit=args.limit,
+                max_read=args.max_read,
                 max_replays=args.max_replays,
                 keep_tries=args.keep_tries,
                 dry_run=args.dry_run,
@@ -66,6 +51,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 args.queue,
                 filters,
                 limit=args.limit,
+                max_read=args.max_read,
                 dry_run=args.dry_run,
                 progress=progress,
             )
@@ -73,6 +59,8 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         io.err.write("\n")
     if not args.quiet:
         io.out.write(f"{_render.move_line(report, args.dlq_command)}\n")
+        if report.dry_run:
+            _write_taken(report, io.out)
         for letter in report.replayed_too_often:
             io.out.write(
                 f"  left (replayed {letter.replays} times): {_printing.dead_letter_line(letter)}\n"
@@ -80,23 +68,61 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     return EXIT_OK
 
 
-def _confirmed(args: argparse.Namespace, io: Streams) -> bool:
-    if args.yes:
-        return True
+def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
+    """``inbox dlq list`` and ``inbox dlq show``: dead letters read, left in place."""
+    with _dlq.open_channel(broker) as channel:
+        if args.dlq_command == "list":
+            present, letters = _dlq.peek(channel, args.queue, args.limit)
+            if args.json:
+                io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
+            else:
+                dlq = _dlq.dead_letter_queue(args.queue)
+                io.out.write(f"{present} dead letters in {dlq}\n")
+                io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
+            return EXIT_OK
+        message = _dlq.find(channel, args.queue, args.message_id)
+    if message is None:
+        dlq = _dlq.dead_letter_queue(args.queue)
+        io.out.write(f"no dead letter {args.message_id} in {dlq}\n")
+        return EXIT_NOT_FOUND
+    io.out.writelines(
+        f"{line}\n"
+        for line in _printing.message_lines(message.properties, message.body, args.max_body)
+    )
+    return EXIT_OK
+
+
+def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Streams) -> int | None:
+    """Ask before a purge, after showing what it would take (a dry run on a channel of its
+    own: what it read is back in place when the question is asked); without a terminal,
+    show it and refuse. None: go ahead; else the exit code."""
+    with _dlq.open_channel(broker) as channel:
+        preview = _replay.purge(
+            channel, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
+        )
+    io.out.write(f"{_render.move_line(preview, 'purge')}\n")
+    _write_taken(preview, io.out)
+    if preview.moved == 0:
+        return EXIT_OK
     if io.confirm is None:
         io.err.write("inbox: error: refusing to purge without --yes (no terminal to ask on)\n")
-        return False
-    if io.confirm(
-        f"delete the matching dead letters of {_dlq.dead_letter_queue(args.queue)} for good?"
-    ):
-        return True
+        return EXIT_USAGE
+    if io.confirm(f"delete these dead letters of {preview.dead_letter_queue} for good?"):
+        return None
     io.err.write("inbox: nothing purged\n")
-    return False
+    return EXIT_USAGE
+
+
+def _write_taken(report: _replay.MoveReport, out: TextIO) -> None:
+    """What a dry run would take, one line each (the first :data:`_replay.TAKEN_KEPT`)."""
+    out.writelines(f"  {_printing.dead_letter_line(x)}\n" for x in report.taken)
+    if report.moved > len(report.taken):
+        out.write(f"  ... and {report.moved - len(report.taken)} more\n")
 
 
 def _progress(err: TextIO) -> Callable[[_replay.MoveReport], None]:
     def show(report: _replay.MoveReport) -> None:
-        if report.examined % 100 == 0 or report.examined == report.to_read:
+        if report.examined % 100 == 0 or report.examined == report.to_read or report.limit_reached:
             err.write(f"\r{report.examined}/{report.to_read} read, {report.moved} taken")
             err.flush()
 

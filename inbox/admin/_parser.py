@@ -90,7 +90,11 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     listing.add_argument("--json", action="store_true", help="one JSON document")
     show_one = dlq_commands.add_parser("show", help="one dead letter in full, left in place")
     _broker_options(show_one)
-    show_one.add_argument("message_id", metavar="MESSAGE-ID")
+    show_one.add_argument(
+        "message_id",
+        metavar="MESSAGE-ID",
+        help="its message id, or the ref=sha256:... that list shows for one without",
+    )
     show_one.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
     replay = dlq_commands.add_parser(
         "replay", help="move the dead letters present now back to QUEUE, tries reset"
@@ -184,7 +188,14 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 def _move_options(parser: argparse.ArgumentParser) -> None:
     _broker_options(parser)
-    parser.add_argument("--limit", type=whole_number(1), help="at most N dead letters")
+    parser.add_argument(
+        "--limit", type=whole_number(1), help="take at most N of the dead letters that match"
+    )
+    parser.add_argument(
+        "--max-read",
+        type=whole_number(1),
+        help="read at most N dead letters (default: all those present at the start)",
+    )
     parser.add_argument(
         "--reason",
         action="append",
@@ -194,7 +205,12 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--handler", action="append", default=[], help="only if H failed (repeat)")
     parser.add_argument(
-        "--id", dest="message_ids", action="append", default=[], help="only this message (repeat)"
+        "--id",
+        dest="message_ids",
+        action="append",
+        default=[],
+        help="only this message: its id, or the ref=sha256:... that list shows for one "
+        "without (repeat)",
     )
     parser.add_argument(
         "--older-than",

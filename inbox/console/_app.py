@@ -88,7 +88,7 @@ async def login(request: Request) -> Response:
         who = user
     target = _safe_next(form_text(form, "next", "/"))
     if who is None:
-        audit("-", "login", 0, {"outcome": "refused", "client": _client(request)})
+        audit(user or "-", "login", 0, {"outcome": "refused", "client": _client(request)})
         await asyncio.sleep(_FAILED_LOGIN_PAUSE)  # guessing costs time
         return render_page(
             request, "login.html", None, 401, next=target, error="wrong token or password"

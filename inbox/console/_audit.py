@@ -1,27 +1,49 @@
 """One audit line for every action the console takes (who, what, on what, how many), on the
 ``inbox.console.audit`` logger; and, when OpenTelemetry is installed, one span
 ``inbox.console.action`` carrying the same facts as attributes and an ``inbox.audit``
-event. OpenTelemetry stays optional: without it only the line is written."""
+event. OpenTelemetry stays optional: without it only the line is written.
+
+``inbox console`` sends the lines to stderr (:func:`log_to`), and with ``--audit-file`` also
+as JSON lines to a file; an application serving :func:`inbox.console.create_app` itself
+configures the logger as it configures its others."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
+import sys
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, TextIO
 
 from inbox._oneline import bounded
+from inbox.errors import ConfigurationError
 
-__all__ = ["AUDIT_LOGGER", "audit"]
+__all__ = ["AUDIT_LOGGER", "LOG_LEVELS", "AuditJson", "audit", "log_to"]
 
 AUDIT_LOGGER: Final = "inbox.console.audit"
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+"""What ``inbox console --log-level`` takes; the audit lines are ``info``."""
+_CONSOLE_LOGGER: Final = "inbox.console"
+_FACTS: Final = "inbox_audit"
+_HANDLER_NAME: Final = "inbox-console"
 _log = logging.getLogger(AUDIT_LOGGER)
 
 
 def audit(who: str, action: str, count: int, details: Mapping[str, object]) -> None:
     """Record that ``who`` did ``action`` to ``count`` things (``details``: the target, the
     filters, ``dry_run``, ``outcome``...)."""
+    who = bounded(who, 100)  # a refused sign-in's user name is whatever was typed
     facts = " ".join(f"{k}={bounded(str(v), 200)!r}" for k, v in details.items())
-    _log.info("console action by=%r action=%s count=%d %s", who, action, count, facts)
+    record = {"who": who, "action": action, "count": count, **_plain(details)}
+    _log.info(
+        "console action by=%r action=%s count=%d %s",
+        who,
+        action,
+        count,
+        facts,
+        extra={_FACTS: record},
+    )
     try:
         from opentelemetry import trace
     except ImportError:
@@ -38,3 +60,54 @@ def audit(who: str, action: str, count: int, details: Mapping[str, object]) -> N
     tracer = trace.get_tracer("inbox.console")
     with tracer.start_as_current_span("inbox.console.action", attributes=attributes) as span:
         span.add_event("inbox.audit", attributes)
+
+
+def _plain(details: Mapping[str, object]) -> dict[str, object]:
+    return {k: v if isinstance(v, bool | int) else bounded(str(v), 200) for k, v in details.items()}
+
+
+class AuditJson(logging.Formatter):
+    """An audit record as one JSON object: ``time`` (UTC, ISO 8601), ``who``, ``action``,
+    ``count`` and the details."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record's audit facts as a JSON line (its message for any other record)."""
+        facts = getattr(record, _FACTS, None)
+        at = dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")
+        body = facts if isinstance(facts, dict) else {"message": record.getMessage()}
+        return json.dumps({"time": at, **body}, ensure_ascii=False, sort_keys=False)
+
+
+def log_to(level: str, audit_file: str | None = None, stream: TextIO | None = None) -> None:
+    """Write the console's log lines (the audit lines among them) at ``level`` and above to
+    ``stream`` (stderr by default); with ``audit_file``, also append every audit line to it
+    as JSON (:class:`AuditJson`), whatever ``level`` says. A file that cannot be opened is
+    a ConfigurationError. Called again, it replaces what it set up before."""
+    if level not in LOG_LEVELS:
+        raise ConfigurationError(f"unknown log level {level!r}: one of {', '.join(LOG_LEVELS)}")
+    handlers: list[logging.Handler] = []
+    if audit_file is not None:
+        try:
+            to_file = logging.FileHandler(audit_file, mode="a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot open the audit file {audit_file}: {exc.strerror}"
+            ) from None
+        to_file.setFormatter(AuditJson())
+        to_file.setLevel(logging.INFO)
+        # Only the audit lines go to the file: the other console lines are not audit facts.
+        to_file.addFilter(lambda record: record.name == AUDIT_LOGGER)
+        handlers.append(to_file)
+    lines = logging.StreamHandler(sys.stderr if stream is None else stream)
+    lines.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    lines.setLevel(level.upper())
+    handlers.append(lines)
+    console = logging.getLogger(_CONSOLE_LOGGER)
+    for old in [x for x in console.handlers if x.name == _HANDLER_NAME]:
+        console.removeHandler(old)
+        old.close()
+    for handler in handlers:
+        handler.set_name(_HANDLER_NAME)
+        console.addHandler(handler)
+    # The logger passes the audit lines on whatever the level; each handler filters.
+    console.setLevel(min(logging.INFO, logging.getLevelName(level.upper())))

@@ -36,6 +36,7 @@ __all__ = [
     "Credentials",
     "Session",
     "Sessions",
+    "claimed_user",
     "load_credentials",
 ]
 
@@ -102,6 +103,19 @@ class Credentials:
             user, _, password = decoded.partition(":")
             return user if self.check_password(user, password) else None
         return None
+
+
+def claimed_user(authorization: str | None) -> str:
+    """The user name an ``Authorization: Basic`` header claims, proven or not (for the audit
+    line of a refusal); ``-`` for any other header or none."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return "-"
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return "-"
+    return decoded.partition(":")[0] or "-"
 
 
 def _read_secret(path: str, what: str) -> str:

@@ -13,21 +13,46 @@ from sqlalchemy import Engine
 
 from inbox._amqp.connections import BROKER_URL_ENV
 from inbox._cli import EXIT_OK, UsageError, whole_number
+from inbox.console._audit import LOG_LEVELS, log_to
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
 from inbox.operations._status import read_status
 from inbox.operations._tables import Tables, tenant_schemas
 from inbox.operations._workers import check_worker_url
 
-__all__ = ["EXTRA_MISSING", "SUBCOMMAND", "ConsoleCommand", "add_options", "run"]
+__all__ = ["EXTRA_MISSING", "SECRETS_LINE", "SUBCOMMAND", "ConsoleCommand", "add_options", "run"]
 
 EXTRA_MISSING: Final = (
     "inbox console needs the console extra: pip install 'sqlalchemy-inbox[console]'"
 )
 
 
+SECRETS_LINE: Final = (
+    f"The token comes only from ${TOKEN_ENV} or --token-file FILE, the password only from "
+    f"${PASSWORD_ENV} or --password-file FILE: never from the command line, where ps and "
+    "shell histories show it."
+)
+
+
+class _SecretOnCommandLine(argparse.Action):
+    """``--token`` or ``--password``: refused with :data:`SECRETS_LINE`, never taken for
+    another option."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        raise UsageError(f"{option_string} is not an option. {SECRETS_LINE}", parser.prog)
+
+
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The console's own options (the database ones are the other commands')."""
+    parser.epilog = SECRETS_LINE
+    for refused in ("--token", "--password"):
+        parser.add_argument(refused, nargs="?", action=_SecretOnCommandLine, help=argparse.SUPPRESS)
     parser.add_argument(
         "--broker", help=f"RabbitMQ URL, for the dead letters (default ${BROKER_URL_ENV})"
     )
@@ -61,6 +86,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="a worker's health endpoint, http://HOST:PORT (its --metrics-port): the overview "
         "shows its /readyz (repeat)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the console's log lines on stderr, the audit lines (info) among them; warning "
+        "silences them (default info)",
+    )
+    parser.add_argument(
+        "--audit-file",
+        metavar="FILE",
+        help="also append every audit line to FILE, one JSON object a line",
     )
     tenants = parser.add_mutually_exclusive_group()
     tenants.add_argument(
@@ -109,6 +146,7 @@ def run(
     )
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page
+    log_to(args.log_level, args.audit_file)
     mode = "actions allowed" if args.allow_actions else "read-only"
     out.write(f"inbox console: http://{_shown(args.host)}:{args.port}/ ({mode})\n")
     if not _loopback(args.host):
@@ -121,7 +159,8 @@ def run(
         create_app(settings),
         host=args.host,
         port=args.port,
-        log_level="warning",
+        # uvicorn's own lines: its startup and errors at warning; every request at debug.
+        log_level="debug" if args.log_level == "debug" else "warning",
         proxy_headers=False,
         server_header=False,
     )

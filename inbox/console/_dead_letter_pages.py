@@ -13,6 +13,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
+from inbox.console import _letter_table as table
 from inbox.console._audit import audit
 from inbox.console._web import (
     HttpProblem,
@@ -41,6 +42,9 @@ _HISTORY: Final = (
 )
 
 
+_PREVIEWED: Final = 100  # the dead letters a confirmation page lists
+
+
 def _queue(request: Request, name: str | None) -> str:
     settings = settings_of(request)
     if not settings.queues:
@@ -66,6 +70,8 @@ async def dead_letters(request: Request, user: User) -> Response:
     broker = _broker(request)
     limit = settings_of(request).peek_limit
 
+    order = table.order_of(request.query_params.get("sort"), request.query_params.get("order"))
+
     present, letters = await run_in_threadpool(_dlq.peek_if_present, broker, queue, limit)
     reasons = Counter(letter.reason or "unknown" for letter in letters)
     return render_page(
@@ -75,7 +81,10 @@ async def dead_letters(request: Request, user: User) -> Response:
         queue=queue,
         dead_letter_queue=_dlq.dead_letter_queue(queue),
         present=present,
-        letters=letters,
+        letters=table.sorted_letters(letters, order),
+        columns=table.COLUMNS,
+        order=order,
+        error_line=table.error_line,
         reasons=dict(reasons.most_common()),
         all_reasons=REASONS,
         csrf=user.csrf,
@@ -148,6 +157,8 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     queue = _queue(request, form_text(form, "queue"))
     broker = _broker(request)
     filters, described = _filters(form)
+    if form_text(form, "selection") == "yes" and not filters.message_ids:
+        raise HttpProblem(400, "no dead letter selected: tick the rows to replay or purge")
     limit = whole_field(form_text(form, "limit"), "limit")
     max_replays = whole_field(form_text(form, "max_replays"), "max replays") or 3
     confirmed = form_text(form, "confirmed") == "yes"
@@ -186,6 +197,9 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
             user,
             title=f"{command} dead letters of {queue}?",
             preview=line,
+            taken=report.taken[:_PREVIEWED],
+            more=report.moved - min(len(report.taken), _PREVIEWED),
+            error_line=table.error_line,
             left=report.replayed_too_often,
             action_url=f"/dead-letters/{command}",
             fields=fields,

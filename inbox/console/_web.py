@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inbox._cli import first_line, mask_urls
 from inbox.console._audit import audit
-from inbox.console._auth import SESSION_COOKIE, Sessions
+from inbox.console._auth import SESSION_COOKIE, Sessions, claimed_user
 from inbox.console._settings import ConsoleSettings
 from inbox.operations import _render
 from inbox.operations._tables import Tables
@@ -182,6 +182,10 @@ def page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
 
     async def endpoint(request: Request) -> Response:
         user = current_user(request)
+        if user is None and request.headers.get("authorization"):
+            # A script sent credentials that are wrong: it gets 401, not a sign-in page.
+            _audit_unproven(request)
+            raise HttpProblem(401, "wrong token or password in the Authorization header")
         if user is None:
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?{urlencode({'next': target})}", status_code=303)
@@ -197,6 +201,8 @@ def action(handler: Action, *, changes: bool = True) -> Callable[[Request], Awai
     async def endpoint(request: Request) -> Response:
         user = current_user(request)
         if user is None:
+            if request.headers.get("authorization"):
+                _audit_unproven(request)
             raise HttpProblem(401, "sign in first: this console needs its token or password")
         if changes and not settings_of(request).allow_actions:
             _audit_refusal(request, user, "read-only")
@@ -219,6 +225,13 @@ def action(handler: Action, *, changes: bool = True) -> Callable[[Request], Awai
 def _audit_refusal(request: Request, user: User, why: str) -> None:
     """An audit line for a refused action: who tried what, and why it was refused."""
     audit(user.who, "refused", 0, {"path": request.url.path, "why": why})
+
+
+def _audit_unproven(request: Request) -> None:
+    """An audit line for a request whose ``Authorization`` header proves no one: the user
+    name it claims, when it is HTTP Basic."""
+    who = claimed_user(request.headers.get("authorization"))
+    audit(who, "refused", 0, {"path": request.url.path, "why": "wrong credentials"})
 
 
 def equal_text(a: str, b: str) -> bool:

@@ -10,6 +10,7 @@ is the command.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "dead_letter_queue",
     "depth",
     "find",
+    "fingerprint",
     "hold",
     "open_channel",
     "peek",
@@ -82,6 +84,10 @@ class DeadLetterRecord:
     idempotency_key: str | None = None
     """The producer's ``idempotency-key`` header: a handler without ``key=`` claimed under it,
     not under the message id (``inbox show KEY``)."""
+    ref: str = ""
+    """What names this dead letter to ``--id``, ``inbox dlq show`` and the console's rows:
+    its message id, or for one without (a producer that sets none) ``sha256:`` and 16 hex
+    digits of its body and headers."""
 
     def dead_lettered(self) -> dt.datetime | None:
         """When it was dead-lettered, if the header says so readably."""
@@ -98,8 +104,9 @@ class DeadLetterRecord:
         """The bookkeeping of a message as ``basic_get`` returned it."""
         headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
         failed = headers.get(h.FAILED_HANDLERS)
+        message_id = _text(message.properties.get("message_id"))
         return cls(
-            _text(message.properties.get("message_id")),
+            message_id,
             _text(message.properties.get("type")),
             _text(headers.get(h.REASON)),
             h.tries_so_far(headers),
@@ -109,7 +116,22 @@ class DeadLetterRecord:
             _text(headers.get(h.ERROR)),
             len(message.body) if isinstance(message.body, bytes | str) else 0,
             _text(headers.get(IDEMPOTENCY_KEY_HEADER)),
+            message_id if message_id is not None else fingerprint(message),
         )
+
+
+def fingerprint(message: amqp.Message) -> str:
+    """``sha256:`` and 16 hex digits of a message's body and headers (not the count of its
+    returns, which changes as it is read): the name of a dead letter without a message id.
+    Copies alike in every byte share it, and taking any of them is taking the same."""
+    headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
+    digest = hashlib.sha256()
+    body = message.body
+    digest.update(body if isinstance(body, bytes) else str(body).encode())
+    for name in sorted(headers):
+        if name != _DELIVERY_COUNT:
+            digest.update(f"\0{name}={headers[name]!r}".encode())
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 def dead_letter_queue(queue: str) -> str:
@@ -192,15 +214,17 @@ def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadL
 
 
 def find(channel: amqp.Channel, queue: str, message_id: str) -> amqp.Message | None:
-    """The first dead letter of ``queue`` with ``message_id`` among those present now, read
-    without taking it (every message read is held until the channel closes)."""
+    """The first dead letter of ``queue`` with ``message_id`` (or, for one without a message
+    id, that :attr:`DeadLetterRecord.ref`) among those present now, read without taking it
+    (every message read is held until the channel closes)."""
     dlq = dead_letter_queue(queue)
     for _ in range(depth(channel, dlq)):
         message = channel.basic_get(dlq, no_ack=False)
         if message is None:
             break
         hold(channel, message, dlq)
-        if _text(message.properties.get("message_id")) == message_id:
+        found = _text(message.properties.get("message_id"))
+        if found == message_id or (found is None and fingerprint(message) == message_id):
             return message
     return None
 
@@ -246,6 +270,7 @@ def summary_fields(letter: DeadLetterRecord) -> Sequence[tuple[str, object]]:
     """The fields of one dead letter as ``inbox dlq list`` prints them, in order."""
     return (
         ("id", letter.message_id),
+        ("ref", None if letter.message_id is not None else letter.ref),
         ("key", letter.idempotency_key),
         ("type", letter.type),
         ("reason", letter.reason),

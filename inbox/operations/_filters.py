@@ -58,11 +58,12 @@ class Filters:
     older_than: dt.timedelta | None = None
     """``x-inbox-dead-lettered-at`` is at least this long ago (unknown: not taken)."""
     message_ids: frozenset[str] = frozenset()
-    """The message id is one of these (one dead letter, or a chosen few)."""
+    """The message id (its :attr:`~inbox.operations._dead_letters.DeadLetterRecord.ref`
+    for one without) is one of these: one dead letter, or a chosen few."""
 
     def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
         """Whether ``letter`` passes every filter given."""
-        if self.message_ids and letter.message_id not in self.message_ids:
+        if self.message_ids and letter.ref not in self.message_ids:
             return False
         if self.reasons and letter.reason not in self.reasons:
             return False

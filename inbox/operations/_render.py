@@ -64,13 +64,14 @@ def message_id_hint(looked_in_dead_letters: bool) -> Iterator[str]:
 
 
 def move_line(report: MoveReport, command: str) -> str:
-    """The summary line of a replay or a purge."""
+    """The summary line of a replay or a purge: moved of present, then read and matched,
+    then what was left and why."""
     done = {"replay": "replayed", "purge": "purged"}[command]
     verb = f"would {command}" if report.dry_run else done
     target = f" to {report.queue}" if command == "replay" else ""
     line = (
         f"{verb} {report.moved} of {report.present} dead letters from "
-        f"{report.dead_letter_queue}{target}"
+        f"{report.dead_letter_queue}{target} (read {report.examined}, matched {report.matched})"
     )
     left = []
     if report.not_matching:
@@ -79,7 +80,13 @@ def move_line(report: MoveReport, command: str) -> str:
         left.append(f"{len(report.replayed_too_often)} replayed too often already")
     unread = report.present - report.examined
     if unread > 0:
-        left.append(f"{unread} not read (--limit, or taken meanwhile)")
+        if report.limit_reached:
+            why = f"--limit {report.limit} reached"
+        elif report.to_read < report.present:
+            why = f"--max-read {report.to_read}"
+        else:
+            why = "taken meanwhile"
+        left.append(f"{unread} not read ({why})")
     return line + (f"; left: {', '.join(left)}" if left else "")
 
 

@@ -652,7 +652,7 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--database", choices=sorted(URLS), default="postgresql")
     parser.add_argument("--soak", action="store_true", help="200,000 ops and a database restart")
     parser.add_argument("--ops", type=int, default=None)

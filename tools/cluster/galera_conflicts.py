@@ -322,7 +322,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     """Run once, print the figures; 0 when nothing was doubled, lost or dead-lettered."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--fault-interval", type=float, default=6.0)
     parser.add_argument("--downtime", type=float, default=2.0)

@@ -313,7 +313,7 @@ async def run(
 
 def main(argv: list[str] | None = None) -> int:
     """Run once, print the figures; 0 when nothing was doubled or lost."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--consumers", type=int, default=2)
     parser.add_argument("--fault-interval", type=float, default=3.0)

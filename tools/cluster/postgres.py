@@ -312,7 +312,7 @@ class PostgresPair:
 
 def main(argv: list[str] | None = None) -> int:
     """Start a pair, print its URL, hold it until Ctrl-C or ``--hold`` seconds."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--async", dest="synchronous", action="store_false")
     parser.add_argument("--hold", type=float, default=600.0, help="seconds (default 600)")
     args = parser.parse_args(argv)

@@ -284,7 +284,7 @@ class RabbitCluster:
 
 def main(argv: list[str] | None = None) -> int:
     """Start a cluster, print its URL, hold it until Ctrl-C or ``--hold`` seconds."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=3)
     parser.add_argument("--hold", type=float, default=600.0, help="seconds (default 600)")
     args = parser.parse_args(argv)

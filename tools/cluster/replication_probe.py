@@ -103,7 +103,7 @@ def probe(pair: PostgresPair, writers: int, rng: random.Random, offset: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the trials and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--async", dest="synchronous", action="store_false")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--writers", type=int, default=4)

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from support.databases import effects
 
 from inbox import Inbox
-from inbox.celery import InboxTask, InboxTasks
+from inbox.celery import InboxTask, InboxTasks, beat_slot
 
 QUEUE = os.environ.get("INBOX_CELERY_QUEUE", "celery")
 MARKERS = Path(os.environ.get("INBOX_CELERY_MARKERS", "."))
@@ -113,3 +113,9 @@ def fragile(session: Session, ref: str) -> None:
 def strict(session: Session, order: dict[str, str]) -> None:
     """Its key needs a mapping with an id: anything else is a poison message."""
     write(session, order["id"], "ct.strict")
+
+
+@tasks.task(name="ct.tick", key=beat_slot)
+def tick(session: Session, slot: str) -> None:
+    """A periodic task: one row per run, naming the slot beat sent it for."""
+    write(session, slot, "ct.tick")

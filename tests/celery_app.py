@@ -68,10 +68,18 @@ def write(session: Session, ref: str, handler: str) -> None:
 
 @tasks.task(name="ct.record", base=KilledAfterCommit)
 def record(session: Session, ref: str) -> str:
-    """One row per run, and one row of the value it returns, which differs on every run."""
+    """One row per run; returns a value that differs on every run of the body."""
     write(session, ref, "ct.record")
+    return f"{ref}:{uuid.uuid4().hex}"
+
+
+@tasks.task(name="ct.step", base=KilledAfterCommit)
+def step(session: Session, ref: str) -> str:
+    """A canvas step: one row per run, and one row of the value it returns (which differs
+    on every run)."""
+    write(session, ref, "ct.step")
     value = f"{ref}:{uuid.uuid4().hex}"
-    write(session, value, "ct.record:value")
+    write(session, value, "ct.step:value")
     return value
 
 

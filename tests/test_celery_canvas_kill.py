@@ -27,8 +27,8 @@ def test_a_step_killed_after_its_commit_feeds_its_chain_and_its_chord_once(
         queue = area.queue("celery")
         for ref in ("m1", "c1"):
             (tmp_path / f"{victim}-{ref}").touch()
-        chain(app.record.s("m1"), app.after.s()).delay()
-        chord([app.record.s("c1"), app.record.s("c2")], app.collect.s()).delay()
+        chain(app.step.s("m1"), app.after.s()).delay()
+        chord([app.step.s("c1"), app.step.s("c2")], app.collect.s()).delay()
 
         def settled() -> bool:
             counts = pg_db.effect_counts()
@@ -47,13 +47,13 @@ def test_a_step_killed_after_its_commit_feeds_its_chain_and_its_chord_once(
         time.sleep(1)  # room for a second commit to show
         counts = pg_db.effect_counts()
         assert not list(tmp_path.glob(f"{victim}-*")), "both kills happened"
-        assert counts[("m1", "ct.record")] == 1
-        assert counts[("c1", "ct.record")] == 1
-        assert counts[("c2", "ct.record")] == 1
+        assert counts[("m1", "ct.step")] == 1
+        assert counts[("c1", "ct.step")] == 1
+        assert counts[("c2", "ct.step")] == 1
         values = {
             ref: value
             for (value, task) in counts
-            if task == "ct.record:value"
+            if task == "ct.step:value"
             for ref in [value.split(":", 1)[0]]
         }
         assert counts[(values["m1"], "ct.after")] == 1, "the chain got the first run's value"

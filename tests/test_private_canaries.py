@@ -587,3 +587,24 @@ def test_celery_beat_calls_a_lazy_kwarg_at_send_and_crontab_exposes_its_fields()
     assert cron.month_of_year == set(range(1, 13))
     assert str(cron.tz) == "Europe/Paris"
     app.close()
+
+
+def test_celery_consumer_refusal_handlers_keep_their_arguments() -> None:
+    """inbox/celery/_poison.py wraps these handlers on the consumer (from a bootstep's
+    ``__init__``) and finds the message among their arguments by position."""
+    import inspect
+
+    from celery.worker.consumer import Consumer
+
+    expected = {
+        "on_decode_error": ["message", "exc"],
+        "on_unknown_message": ["body", "message"],
+        "on_unknown_task": ["body", "message", "exc"],
+        "on_invalid_task": ["body", "message", "exc"],
+    }
+    for name, parameters in expected.items():
+        assert list(inspect.signature(getattr(Consumer, name)).parameters)[1:] == parameters
+    handler = inspect.getsource(Consumer.create_task_handler)
+    for name in ("on_unknown_message", "on_unknown_task", "on_invalid_task"):
+        assert f"{name} = self.{name}" in handler
+    assert "self.on_decode_error(message, exc)" in handler

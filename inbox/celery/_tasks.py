@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from inbox import Inbox
 from inbox.celery import _beat
+from inbox.celery._poison import PoisonLetters
 from inbox.celery._results import DEFAULT_MAX_RESULT_BYTES
 from inbox.celery._settings import setting_problems
 from inbox.celery._task import InboxTask, TaskBinding, TaskCall, current_session, run_body
@@ -38,7 +39,9 @@ class InboxTasks:
 
     Making one connects two worker signals for ``app``: the settings check at
     ``worker_init`` (the worker refuses to start, one line per problem: see
-    :mod:`inbox.celery._settings`) and the engine disposal.
+    :mod:`inbox.celery._settings`) and the engine disposal; and adds a consumer bootstep
+    that dead-letters the messages Celery refuses before any task runs
+    (:mod:`inbox.celery._poison`).
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class InboxTasks:
         self._engines = _unique([bind, *engines] if isinstance(bind, Engine) else [*engines])
         self._names: list[str] = []
         self._keys: dict[str, TaskKey | None] = {}
+        app.steps["consumer"].add(PoisonLetters)
         signals.worker_init.connect(self._check_worker, weak=False)
         signals.worker_process_init.connect(self._after_fork, weak=False)
 

@@ -97,17 +97,25 @@ class DeadLetterRecord:
     def read(cls, message: amqp.Message) -> DeadLetterRecord:
         """The bookkeeping of a message as ``basic_get`` returned it."""
         headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
+        size = len(message.body) if isinstance(message.body, bytes | str) else 0
+        return cls.of(message.properties, headers, size)
+
+    @classmethod
+    def of(
+        cls, properties: Mapping[str, Any], headers: Mapping[str, Any], body_bytes: int
+    ) -> DeadLetterRecord:
+        """The bookkeeping of a message from its properties, headers and body size."""
         failed = headers.get(h.FAILED_HANDLERS)
         return cls(
-            _text(message.properties.get("message_id")),
-            _text(message.properties.get("type")),
+            _text(properties.get("message_id")),
+            _text(properties.get("type")),
             _text(headers.get(h.REASON)),
             h.tries_so_far(headers),
             replays_so_far(headers),
             _text(headers.get(h.DEAD_LETTERED_AT)),
             tuple(n for n in str(failed).split(",") if n) if failed else (),
             _text(headers.get(h.ERROR)),
-            len(message.body) if isinstance(message.body, bytes | str) else 0,
+            body_bytes,
             _text(headers.get(IDEMPOTENCY_KEY_HEADER)),
         )
 

@@ -25,12 +25,14 @@ from inbox.operations._dead_letters import (
     DeadLetterRecord,
     dead_letter_queue,
     depth,
+    find,
     hold,
+    peek,
     publish_confirmed,
 )
 from inbox.operations._filters import Filters
 
-__all__ = ["MoveReport", "purge", "replay"]
+__all__ = ["MoveReport", "RabbitDeadLetters", "purge", "replay", "replayed_headers"]
 
 
 @dataclass(slots=True)
@@ -48,6 +50,31 @@ class MoveReport:
     moved: int = 0
     not_matching: int = 0
     replayed_too_often: list[DeadLetterRecord] = field(default_factory=list)
+
+
+class RabbitDeadLetters:
+    """``inbox dlq``'s operations on the ``<queue>.dlq`` queues of RabbitMQ, on one channel
+    (the Redis ones: :class:`inbox.operations._redis_dead_letters.RedisDeadLetters`)."""
+
+    def __init__(self, channel: amqp.Channel) -> None:
+        self._channel = channel
+
+    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
+        """:func:`~inbox.operations._dead_letters.peek` on this channel."""
+        return peek(self._channel, queue, limit)
+
+    def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
+        """The properties and body of the dead letter :func:`find` finds, or None."""
+        message = find(self._channel, queue, message_id)
+        return None if message is None else (message.properties, message.body)
+
+    def replay(self, queue: str, filters: Filters, **options: Any) -> MoveReport:
+        """:func:`replay` on this channel."""
+        return replay(self._channel, queue, filters, **options)
+
+    def purge(self, queue: str, filters: Filters, **options: Any) -> MoveReport:
+        """:func:`purge` on this channel."""
+        return purge(self._channel, queue, filters, **options)
 
 
 def replay(
@@ -140,15 +167,24 @@ def _replayed(
     properties: Mapping[str, Any], letter: DeadLetterRecord, *, keep_tries: bool
 ) -> dict[str, Any]:
     copied = {k: v for k, v in properties.items() if k not in DROPPED_PROPERTIES}
-    headers = dict(copied.get("application_headers") or {})
-    first = h.earliest_failure(headers)
-    if first is not None:  # what the retention guard dates it by, after any replay
-        headers[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
-    if not keep_tries:
-        for name in FAILURE_HEADERS:
-            headers.pop(name, None)
-    headers[REPLAYS] = letter.replays + 1
-    headers[REPLAYED_AT] = h.now_utc()
-    copied["application_headers"] = headers
+    headers = copied.get("application_headers") or {}
+    copied["application_headers"] = replayed_headers(headers, letter, keep_tries=keep_tries)
     copied["delivery_mode"] = 2  # persistent, as the worker's copies
     return copied
+
+
+def replayed_headers(
+    headers: Mapping[str, Any], letter: DeadLetterRecord, *, keep_tries: bool
+) -> dict[str, Any]:
+    """A replayed copy's headers: the failure headers removed (unless ``keep_tries``), the
+    first failure kept for the retention guard, the replays counted."""
+    replayed = dict(headers)
+    first = h.earliest_failure(replayed)
+    if first is not None:  # what the retention guard dates it by, after any replay
+        replayed[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
+    if not keep_tries:
+        for name in FAILURE_HEADERS:
+            replayed.pop(name, None)
+    replayed[REPLAYS] = letter.replays + 1
+    replayed[REPLAYED_AT] = h.now_utc()
+    return replayed

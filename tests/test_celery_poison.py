@@ -76,7 +76,10 @@ def test_messages_celery_refuses_are_dead_letters_once_with_their_reason(
             assert letter.headers["x-inbox-queue"] == queue
             assert letter.headers["x-inbox-dead-lettered-at"]
         assert letters[ids["undecodable"]].body == b'{"not json'
-        assert "ct.nope" in letters[unknown.id].headers["x-inbox-error"]
+        assert letters[unknown.id].headers["x-inbox-error"] == (
+            "NotRegistered: no task 'ct.nope' in this worker"
+        )
+        assert letters["no task header"].headers["x-inbox-error"].startswith("not a Celery task")
         assert "too many positional" in letters[bad_arguments.id].headers["x-inbox-error"]
         assert letters[ids["pickled"]].headers["x-inbox-error"].startswith("ContentDisallowed")
 

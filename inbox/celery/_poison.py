@@ -83,9 +83,12 @@ def dead_letter(app: Any, message: Any, reason: DeadLetterReason, error: object)
     info = message.delivery_info or {}
     queue = info.get("routing_key") or app.conf.task_default_queue
     own = dict(message.headers or {})
-    detail = (
-        h.describe(error) if isinstance(error, BaseException) else f"refused by Celery: {reason}"
-    )
+    if reason is DeadLetterReason.UNHANDLED_TYPE:
+        detail = f"NotRegistered: no task {own.get('task')!r} in this worker"
+    elif isinstance(error, BaseException):
+        detail = h.describe(error)
+    else:
+        detail = "not a Celery task message (no task header, and no task in its body)"
     added = dead_letter_headers(own, DeadLetter(reason, detail), queue)
     body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
     properties = message.properties or {}

@@ -10,11 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
+from kombu import Connection, Queue
 from support.databases import Database
 from support.redis import REDIS_URL, redis_area
 from test_celery_worker import sender, until, worker
 
 from inbox.admin.cli import admin_main
+from inbox.operations._dead_letters import REPLAYS
 
 BROKER = REDIS_URL.rsplit("/", 1)[0] + "/5"
 
@@ -83,3 +85,35 @@ def test_inbox_dlq_lists_shows_replays_and_purges_celery_dead_letters_on_redis(
         with area.client() as client:
             assert client.llen(dead) == 0
         assert pg_db.effect_counts() == {("bad", "ct.fragile"): 1}
+
+
+def test_a_redis_replay_keeps_what_was_replayed_too_often_and_a_dry_run_or_limit_moves_less() -> (
+    None
+):
+    with redis_area(BROKER) as area, area.client() as client:
+        queue = area.stream("q")
+        dead = f"{queue}.dlq"
+        with Connection(area.url) as connection:
+            producer = connection.Producer()
+            for n, replays in enumerate((0, 3, 0)):
+                producer.publish(
+                    {"n": n},
+                    routing_key=dead,
+                    headers={"id": f"m{n}", "x-inbox-reason": "handler-failed", REPLAYS: replays},
+                    declare=[Queue(dead, routing_key=dead)],
+                )
+        client.lpush(dead, b"\xff not an envelope")  # shown, never taken by a reason filter
+        on = ["--broker", area.url, "--queue", queue]
+        code, listed = dlq("list", *on)
+        assert code == 0
+        assert listed.splitlines()[0] == f"4 dead letters in {dead}"
+        replay = ["replay", *on, "--reason", "handler-failed"]
+        assert dlq(*replay, "--dry-run")[1].startswith("would replay 2 of 4")
+        assert client.llen(dead) == 4
+        assert dlq(*replay, "--limit", "1")[1].startswith("replayed 1 of 4")
+        code, out = dlq(*replay)
+        assert out.startswith("replayed 1 of 3")
+        assert "left (replayed 3 times): id=m1" in out
+        assert client.llen(dead) == 2
+        moved = [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(queue, 0, -1))]
+        assert moved == ["m0", "m2"]  # oldest first, as they were dead-lettered

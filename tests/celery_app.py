@@ -3,10 +3,12 @@
 
 INBOX_CELERY_BROKER  the broker URL        INBOX_CELERY_DATABASE  the database URL
 INBOX_CELERY_QUEUE   the queue consumed    INBOX_CELERY_MARKERS   a directory of kill markers
+INBOX_CELERY_BACKEND the result backend (none by default; a chord needs one)
 
 A marker file ``<markers>/kill-<ref>`` makes the pool child that just committed the task
 for ``ref`` kill itself with SIGKILL (once: the file is removed first), after the commit and
-before Celery acks the message or sends a chain's next step.
+before Celery acks the message, stores its result or sends a chain's next step;
+``<markers>/killmain-<ref>`` makes it kill the worker's main process instead.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from support.databases import effects
 
 from inbox import Inbox
-from inbox.celery import InboxTask, InboxTasks
+from inbox.celery import InboxTask, InboxTasks, beat_slot
 
 QUEUE = os.environ.get("INBOX_CELERY_QUEUE", "celery")
 MARKERS = Path(os.environ.get("INBOX_CELERY_MARKERS", "."))
 
-app = Celery("celery_app", broker=os.environ.get("INBOX_CELERY_BROKER", "memory://"))
+app = Celery(
+    "celery_app",
+    broker=os.environ.get("INBOX_CELERY_BROKER", "memory://"),
+    backend=os.environ.get("INBOX_CELERY_BACKEND"),
+)
 app.conf.update(
     task_default_queue=QUEUE,
     worker_prefetch_multiplier=1,
@@ -47,13 +53,13 @@ class KilledAfterCommit(InboxTask):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         value = super().__call__(*args, **kwargs)
-        marker = MARKERS / f"kill-{args[0]}"
-        try:
-            marker.unlink()
-        except FileNotFoundError:
-            return value
-        os.kill(os.getpid(), signal.SIGKILL)
-        return value  # not reached
+        for marker, victim in (("kill", os.getpid()), ("killmain", os.getppid())):
+            try:
+                (MARKERS / f"{marker}-{args[0]}").unlink()
+            except FileNotFoundError:
+                continue
+            os.kill(victim, signal.SIGKILL)
+        return value
 
 
 def write(session: Session, ref: str, handler: str) -> None:
@@ -67,10 +73,27 @@ def record(session: Session, ref: str) -> str:
     return f"{ref}:{uuid.uuid4().hex}"
 
 
+@tasks.task(name="ct.step", base=KilledAfterCommit)
+def step(session: Session, ref: str) -> str:
+    """A canvas step: one row per run, and one row of the value it returns (which differs
+    on every run)."""
+    write(session, ref, "ct.step")
+    value = f"{ref}:{uuid.uuid4().hex}"
+    write(session, value, "ct.step:value")
+    return value
+
+
 @tasks.task(name="ct.after")
 def after(session: Session, previous: str) -> None:
     """A chain's next step: records the value it was given."""
     write(session, previous, "ct.after")
+
+
+@tasks.task(name="ct.collect")
+def collect(session: Session, values: list[str]) -> None:
+    """A chord's body: one row per value of its header it was given."""
+    for value in values:
+        write(session, value, "ct.collect")
 
 
 @tasks.task(name="ct.charge", key=lambda order: f"charge-{order}")
@@ -98,3 +121,9 @@ def fragile(session: Session, ref: str) -> None:
 def strict(session: Session, order: dict[str, str]) -> None:
     """Its key needs a mapping with an id: anything else is a poison message."""
     write(session, order["id"], "ct.strict")
+
+
+@tasks.task(name="ct.tick", key=beat_slot)
+def tick(session: Session, slot: str) -> None:
+    """A periodic task: one row per run, naming the slot beat sent it for."""
+    write(session, slot, "ct.tick")

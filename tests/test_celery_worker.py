@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,7 +57,11 @@ def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, DeadLette
 
 
 @contextmanager
-def worker(broker_url: str, queue: str, db: Database, markers: Path) -> Iterator[None]:
+def worker(
+    broker_url: str, queue: str, db: Database, markers: Path, backend: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A prefork worker (2 children) consuming ``queue``; it and every process of its group
+    (a pool child orphaned by a killed main process too) are gone on exit."""
     env = {
         **os.environ,
         "INBOX_CELERY_BROKER": broker_url,
@@ -65,20 +69,21 @@ def worker(broker_url: str, queue: str, db: Database, markers: Path) -> Iterator
         "INBOX_CELERY_DATABASE": db.url,
         "INBOX_CELERY_MARKERS": str(markers),
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]),
+        **({"INBOX_CELERY_BACKEND": backend} if backend else {}),
     }
     command = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "--pool=prefork"]
     command += ["-c", "2", "-Q", queue, "-l", "warning", "--without-heartbeat"]
     command += ["--without-mingle", "--without-gossip", "-n", f"w-{uuid.uuid4().hex[:8]}@%h"]
     process = subprocess.Popen(command, cwd=TESTS, env=env, start_new_session=True)
     try:
-        yield
+        yield process
     finally:
         process.send_signal(signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
+        with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        process.wait()
 
 
 def until(condition: Callable[[], bool], what: str) -> None:

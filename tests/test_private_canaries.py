@@ -558,3 +558,53 @@ def test_celery_as_task_v2_makes_the_protocol_2_layout_the_outbox_writes() -> No
         assert ours.headers[name] == theirs[name], name
     assert set(ours.headers) <= set(sent.headers)
     app.close()
+
+
+def test_celery_beat_calls_a_lazy_kwarg_at_send_and_crontab_exposes_its_fields() -> None:
+    """inbox/celery/_beat.py puts the slot in a ``BeatLazyFunc`` kwarg (beat calls it when it
+    sends) and reads a crontab's expanded fields and time zone to find its latest slot."""
+    from celery import Celery
+    from celery.beat import BeatLazyFunc, Scheduler
+    from celery.schedules import crontab
+
+    app = Celery("canary", set_as_current=False, broker="memory://")
+    app.conf.update(task_always_eager=True, timezone="Europe/Paris")
+    sent: list[dict[str, object]] = []
+
+    @app.task(name="canary.tick", shared=False)
+    def tick(**kwargs: object) -> None:
+        sent.append(kwargs)
+
+    app.conf.beat_schedule = {
+        "tick": {"task": "canary.tick", "schedule": 60, "kwargs": {"slot": BeatLazyFunc(str, 7)}}
+    }
+    scheduler = Scheduler(app=app)
+    scheduler.apply_async(scheduler.schedule["tick"])
+    assert sent == [{"slot": "7"}]
+    cron = crontab(hour=3, minute=0, day_of_week="mon", app=app)
+    assert (cron.hour, cron.minute, cron.day_of_week) == ({3}, {0}, {1})
+    assert cron.day_of_month == set(range(1, 32))
+    assert cron.month_of_year == set(range(1, 13))
+    assert str(cron.tz) == "Europe/Paris"
+    app.close()
+
+
+def test_celery_consumer_refusal_handlers_keep_their_arguments() -> None:
+    """inbox/celery/_poison.py wraps these handlers on the consumer (from a bootstep's
+    ``__init__``) and finds the message among their arguments by position."""
+    import inspect
+
+    from celery.worker.consumer import Consumer
+
+    expected = {
+        "on_decode_error": ["message", "exc"],
+        "on_unknown_message": ["body", "message"],
+        "on_unknown_task": ["body", "message", "exc"],
+        "on_invalid_task": ["body", "message", "exc"],
+    }
+    for name, parameters in expected.items():
+        assert list(inspect.signature(getattr(Consumer, name)).parameters)[1:] == parameters
+    handler = inspect.getsource(Consumer.create_task_handler)
+    for name in ("on_unknown_message", "on_unknown_task", "on_invalid_task"):
+        assert f"{name} = self.{name}" in handler
+    assert "self.on_decode_error(message, exc)" in handler

@@ -1,20 +1,47 @@
 """``inbox dlq list|show|replay|purge``: from parsed arguments to printed lines and an exit
-code, on one channel to the broker."""
+code, on one channel to the broker (RabbitMQ), or one client (Redis: a Celery app's dead
+letters, :mod:`inbox.operations._redis_dead_letters`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol, TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
+from inbox.operations._dead_letters import DeadLetterRecord
 from inbox.operations._filters import Filters
 
 __all__ = ["dlq"]
+
+
+class _DeadLetters(_replay.DeadLetterSource, Protocol):
+    """The dead letters of one broker, as the subcommands use them: read without taking
+    (``list``, ``show``), and moved by :func:`_replay.replay` and :func:`_replay.purge`."""
+
+    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
+        """The dead-letter queue's depth and its first ``limit`` letters."""
+
+    def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
+        """The properties and body of the dead letter with that id or ref, or None."""
+
+
+@contextmanager
+def _dead_letters(broker: str) -> Iterator[_DeadLetters]:
+    if broker.partition("://")[0] in {"redis", "rediss"}:
+        # Imported here: redis-py comes with the celery extra, not with the inbox command.
+        from inbox.operations import _redis_dead_letters
+
+        with _redis_dead_letters.open_redis(broker) as letters:
+            yield letters
+    else:
+        with _dlq.open_channel(broker) as channel:
+            yield _replay.RabbitDeadLetters(channel)
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
@@ -31,11 +58,11 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         asked = _confirmed(args, broker, filters, io)
         if asked is not None:
             return asked
-    with _dlq.open_channel(broker) as channel:
+    with _dead_letters(broker) as source:
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
         if args.dlq_command == "replay":
             report = _replay.replay(
-                channel,
+                source,
                 args.queue,
                 filters,
                 limit=args.limit,
@@ -47,7 +74,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
             )
         else:
             report = _replay.purge(
-                channel,
+                source,
                 args.queue,
                 filters,
                 limit=args.limit,
@@ -70,9 +97,9 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
 
 def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """``inbox dlq list`` and ``inbox dlq show``: dead letters read, left in place."""
-    with _dlq.open_channel(broker) as channel:
+    with _dead_letters(broker) as source:
         if args.dlq_command == "list":
-            present, letters = _dlq.peek(channel, args.queue, args.limit)
+            present, letters = source.peek(args.queue, args.limit)
             if args.json:
                 io.out.write(_printing.as_json({"present": present, "dead_letters": letters}))
             else:
@@ -80,25 +107,22 @@ def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 io.out.write(f"{present} dead letters in {dlq}\n")
                 io.out.writelines(f"{_printing.dead_letter_line(x)}\n" for x in letters)
             return EXIT_OK
-        message = _dlq.find(channel, args.queue, args.message_id)
-    if message is None:
+        found = source.find(args.queue, args.message_id)
+    if found is None:
         dlq = _dlq.dead_letter_queue(args.queue)
         io.out.write(f"no dead letter {args.message_id} in {dlq}\n")
         return EXIT_NOT_FOUND
-    io.out.writelines(
-        f"{line}\n"
-        for line in _printing.message_lines(message.properties, message.body, args.max_body)
-    )
+    io.out.writelines(f"{line}\n" for line in _printing.message_lines(*found, args.max_body))
     return EXIT_OK
 
 
 def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Streams) -> int | None:
-    """Ask before a purge, after showing what it would take (a dry run on a channel of its
-    own: what it read is back in place when the question is asked); without a terminal,
-    show it and refuse. None: go ahead; else the exit code."""
-    with _dlq.open_channel(broker) as channel:
+    """Ask before a purge, after showing what it would take (a dry run on a channel or
+    client of its own: what it read is back in place when the question is asked); without
+    a terminal, show it and refuse. None: go ahead; else the exit code."""
+    with _dead_letters(broker) as source:
         preview = _replay.purge(
-            channel, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
+            source, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
         )
     io.out.write(f"{_render.move_line(preview, 'purge')}\n")
     _write_taken(preview, io.out)

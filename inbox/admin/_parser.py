@@ -222,7 +222,10 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _broker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", help=f"RabbitMQ URL (default ${BROKER_URL_ENV})")
+    parser.add_argument(
+        "--broker",
+        help=f"RabbitMQ URL, or redis:// for Celery dead letters (default ${BROKER_URL_ENV})",
+    )
     parser.add_argument("--queue", required=True, help="the worker's queue (its .dlq is read)")
 
 

@@ -16,6 +16,7 @@ return value commit together, once per task id (or ``key=``), however often Cele
 it. See docs/celery.md. Importing :mod:`inbox` imports nothing of Celery; this package does.
 """
 
+from inbox.celery._beat import beat_slot
 from inbox.celery._results import (
     DEFAULT_MAX_RESULT_BYTES,
     ResultTooLarge,
@@ -31,6 +32,7 @@ __all__ = [
     "InboxTasks",
     "ResultTooLarge",
     "TaskKey",
+    "beat_slot",
     "current_session",
     "result_metadata",
     "task_message_id",

@@ -9,6 +9,7 @@ task id; type: the task name) and hands it to :meth:`inbox.Inbox.process`, whose
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -22,7 +23,7 @@ from inbox import Inbox
 from inbox.celery._dead_letters import CELERY_CONTROL, settle_failure
 from inbox.celery._results import load_result, store_result
 from inbox.core._handlers import RegisteredHandler
-from inbox.errors import ConfigurationError, HandlerFailed, InvalidKey
+from inbox.errors import ConfigurationError, HandlerFailed, InvalidBody, InvalidKey
 from inbox.message import Message, key_bytes, uuid7
 from inbox.result import Outcome
 
@@ -103,13 +104,14 @@ class InboxTask(Task):
         registered = binding.handler(name)
         failure: BaseException
         try:
+            _check_arguments(self, message.id, args, kwargs)
             message.body.claim_key = registered.claim_key(message)
             result = binding.inbox.process(message)
         except HandlerFailed as exc:
             failure = exc.failures.get(name, exc)
             if isinstance(failure, CELERY_CONTROL):
                 raise failure from None
-        except InvalidKey as exc:
+        except (InvalidKey, InvalidBody) as exc:
             failure = exc
         else:
             if result.outcomes.get(name) is Outcome.DUPLICATE:
@@ -120,6 +122,17 @@ class InboxTask(Task):
         # a dead letter on <queue>.dlq, then Celery sees the task's own exception.
         settle_failure(self, message, failure)
         raise failure
+
+
+def _check_arguments(
+    task: Any, message_id: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Bad arguments (a poison message) are an :class:`~inbox.errors.InvalidBody` before
+    any claim or key, not a ``TypeError`` from inside the body."""
+    try:
+        inspect.signature(task.run).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidBody(task.name, message_id, "call", str(exc)) from None
 
 
 def run_body(binding: TaskBinding, message: Message[TaskCall], session: Session) -> None:

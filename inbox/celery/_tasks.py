@@ -12,6 +12,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
+from inbox.celery import _beat
+from inbox.celery._poison import PoisonLetters
 from inbox.celery._results import DEFAULT_MAX_RESULT_BYTES
 from inbox.celery._settings import setting_problems
 from inbox.celery._task import InboxTask, TaskBinding, TaskCall, current_session, run_body
@@ -37,7 +39,9 @@ class InboxTasks:
 
     Making one connects two worker signals for ``app``: the settings check at
     ``worker_init`` (the worker refuses to start, one line per problem: see
-    :mod:`inbox.celery._settings`) and the engine disposal.
+    :mod:`inbox.celery._settings`) and the engine disposal; and adds a consumer bootstep
+    that dead-letters the messages Celery refuses before any task runs
+    (:mod:`inbox.celery._poison`).
     """
 
     def __init__(
@@ -65,6 +69,8 @@ class InboxTasks:
             bind = session.get_bind()
         self._engines = _unique([bind, *engines] if isinstance(bind, Engine) else [*engines])
         self._names: list[str] = []
+        self._keys: dict[str, TaskKey | None] = {}
+        app.steps["consumer"].add(PoisonLetters)
         signals.worker_init.connect(self._check_worker, weak=False)
         signals.worker_process_init.connect(self._after_fork, weak=False)
 
@@ -146,7 +152,30 @@ class InboxTasks:
         claim_key = None if key is None else _claim_key(key)
         self.inbox.handler(task_name, name=task_name, key=claim_key)(handle)
         self._names.append(task_name)
+        self._keys[task_name] = key
         return self.app.task(name=task_name, base=base, inbox_binding=binding, **options)(run)
+
+    def beat_entry(
+        self,
+        task: Any,
+        schedule: Any,
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A ``beat_schedule`` entry that runs ``task`` once per scheduled slot, however
+        many beats send it: beat puts the slot (the schedule's latest time at or before the
+        send, ISO 8601 UTC) in the ``slot`` keyword argument, and ``task`` (an inbox task
+        of this app made with ``key=beat_slot``) claims ``(slot, task name)``.
+        ``schedule``: a crontab, an interval (seconds or a timedelta, slots aligned on
+        1970-01-01 UTC) or a celery ``schedule``."""
+        name = getattr(task, "name", task)
+        if self._keys.get(name, None) is not _beat.beat_slot:
+            raise ConfigurationError(
+                f"beat_entry({name!r}): the task must be an inbox task of this app made with "
+                "key=inbox.celery.beat_slot, so its claim is (scheduled slot, task name)"
+            )
+        return _beat.entry(self.app, self.app.tasks[name], schedule, args, kwargs)
 
     def problems(self) -> list[str]:
         """The settings problems a worker of this app would refuse to start with (one line

@@ -21,7 +21,7 @@ from kombu.utils.json import dumps
 from inbox.delivery import headers as h
 from inbox.delivery.transport import CopyRefused, Inbound
 
-__all__ = ["CeleryTransport"]
+__all__ = ["CeleryTransport", "publish_copy"]
 
 JSON = "application/json"
 
@@ -81,28 +81,9 @@ class CeleryTransport:
         return True
 
     def copy(self, request: Any, target: str, headers: Mapping[str, Any], *, delay_ms: int) -> None:
-        """Publish the task message to ``target`` with ``headers``, confirmed by the broker
-        (RabbitMQ's publisher confirms; Redis answers each push)."""
-        app = self._task.app
-        options = {**(app.conf.broker_transport_options or {}), "confirm_publish": True}
+        """Publish the task message to ``target`` with ``headers``, confirmed by the broker."""
         inbound = self.read(request)
-        try:
-            with Connection(app.conf.broker_url, transport_options=options) as connection:
-                connection.Producer().publish(
-                    inbound.data,
-                    exchange="",
-                    routing_key=target,
-                    headers=dict(headers),
-                    correlation_id=request.id,
-                    content_type=JSON,
-                    content_encoding="utf-8",
-                    delivery_mode=2,
-                    declare=[Queue(target, routing_key=target, durable=True)],
-                    retry=True,
-                    retry_policy={"max_retries": 3},
-                )
-        except Exception as exc:
-            raise CopyRefused(f"copy to {target!r} not taken: {exc!r}") from exc
+        publish_copy(self._task.app, target, inbound.data, headers, JSON, "utf-8", request.id)
 
     def fits(self, request: Any, headers: Mapping[str, Any]) -> bool:
         """Celery's own messages carry these headers already: no limit is checked here."""
@@ -114,3 +95,35 @@ class CeleryTransport:
 
     def stop(self, error: BaseException) -> None:
         """Nothing to stop from a task: the delivery was given back (the log says why)."""
+
+
+def publish_copy(  # noqa: PLR0917 (one publish: the message's parts)
+    app: Any,
+    target: str,
+    body: bytes,
+    headers: Mapping[str, Any],
+    content_type: str | None,
+    content_encoding: str | None,
+    correlation_id: str | None,
+) -> None:
+    """Publish ``body`` as it is to queue ``target`` (declared durable) with ``headers``, on
+    a connection of its own to ``app``'s broker, confirmed (RabbitMQ's publisher confirms;
+    Redis answers each push); :class:`CopyRefused` when the broker does not take it."""
+    options = {**(app.conf.broker_transport_options or {}), "confirm_publish": True}
+    try:
+        with Connection(app.conf.broker_url, transport_options=options) as connection:
+            connection.Producer().publish(
+                body,
+                exchange="",
+                routing_key=target,
+                headers=dict(headers),
+                correlation_id=correlation_id,
+                content_type=content_type or "application/data",
+                content_encoding=content_encoding or "binary",
+                delivery_mode=2,
+                declare=[Queue(target, routing_key=target, durable=True)],
+                retry=True,
+                retry_policy={"max_retries": 3},
+            )
+    except Exception as exc:
+        raise CopyRefused(f"copy to {target!r} not taken: {exc!r}") from exc

@@ -166,9 +166,10 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
 
     def run(dry_run: bool) -> _replay.MoveReport:
         with _dlq.open_channel(broker) as channel:
+            source = _replay.RabbitDeadLetters(channel)
             if command == "replay":
                 return _replay.replay(
-                    channel,
+                    source,
                     queue,
                     filters,
                     limit=limit,
@@ -176,7 +177,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
                     keep_tries=keep_tries,
                     dry_run=dry_run,
                 )
-            return _replay.purge(channel, queue, filters, limit=limit, dry_run=dry_run)
+            return _replay.purge(source, queue, filters, limit=limit, dry_run=dry_run)
 
     report = await run_in_threadpool(run, not confirmed)
     line = _render.move_line(report, command)

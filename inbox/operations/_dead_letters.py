@@ -103,30 +103,36 @@ class DeadLetterRecord:
     def read(cls, message: amqp.Message) -> DeadLetterRecord:
         """The bookkeeping of a message as ``basic_get`` returned it."""
         headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
+        return cls.of(message.properties, headers, message.body)
+
+    @classmethod
+    def of(
+        cls, properties: Mapping[str, Any], headers: Mapping[str, Any], body: bytes | str
+    ) -> DeadLetterRecord:
+        """The bookkeeping of a message from its properties, headers and body (RabbitMQ's,
+        or those of a Redis dead letter's envelope)."""
         failed = headers.get(h.FAILED_HANDLERS)
-        message_id = _text(message.properties.get("message_id"))
+        message_id = _text(properties.get("message_id"))
         return cls(
             message_id,
-            _text(message.properties.get("type")),
+            _text(properties.get("type")),
             _text(headers.get(h.REASON)),
             h.tries_so_far(headers),
             replays_so_far(headers),
             _text(headers.get(h.DEAD_LETTERED_AT)),
             tuple(n for n in str(failed).split(",") if n) if failed else (),
             _text(headers.get(h.ERROR)),
-            len(message.body) if isinstance(message.body, bytes | str) else 0,
+            len(body) if isinstance(body, bytes | str) else 0,
             _text(headers.get(IDEMPOTENCY_KEY_HEADER)),
-            message_id if message_id is not None else fingerprint(message),
+            message_id if message_id is not None else fingerprint(body, headers),
         )
 
 
-def fingerprint(message: amqp.Message) -> str:
+def fingerprint(body: bytes | str, headers: Mapping[str, Any]) -> str:
     """``sha256:`` and 16 hex digits of a message's body and headers (not the count of its
     returns, which changes as it is read): the name of a dead letter without a message id.
     Copies alike in every byte share it, and taking any of them is taking the same."""
-    headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
     digest = hashlib.sha256()
-    body = message.body
     digest.update(body if isinstance(body, bytes) else str(body).encode())
     for name in sorted(headers):
         if name != _DELIVERY_COUNT:
@@ -223,8 +229,7 @@ def find(channel: amqp.Channel, queue: str, message_id: str) -> amqp.Message | N
         if message is None:
             break
         hold(channel, message, dlq)
-        found = _text(message.properties.get("message_id"))
-        if found == message_id or (found is None and fingerprint(message) == message_id):
+        if DeadLetterRecord.read(message).ref == message_id:
             return message
     return None
 

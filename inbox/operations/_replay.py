@@ -1,19 +1,22 @@
-"""Moving dead letters: ``replay`` copies them back to their queue, ``purge`` deletes them.
-Both take at most ``limit`` of the dead letters that pass their filters, reading at most
-the messages the dead-letter queue held when they began (or ``max_read``), so nothing they
-put back or that is dead-lettered meanwhile is read twice in one run; both leave what they
-do not take in its place (see :func:`inbox.operations._dead_letters.hold`).
+"""Moving dead letters: ``replay`` copies them back to their queue, ``purge`` deletes them,
+from any :class:`DeadLetterSource`: RabbitMQ's ``<queue>.dlq`` queues
+(:class:`RabbitDeadLetters`) or the Redis lists of Celery's dead letters
+(:class:`inbox.operations._redis_dead_letters.RedisDeadLetters`). Both take at most
+``limit`` of the dead letters that pass their filters, reading at most the messages the
+dead-letter queue held when they began (or ``max_read``), so nothing they put back or that
+is dead-lettered meanwhile is read twice in one run; both leave what they do not take in its
+place (see :func:`inbox.operations._dead_letters.hold`).
 
-A replayed copy is confirmed by the broker before its dead letter is acked: a crash loses
-nothing, and at most the one message in flight is then in both queues, whose second delivery
-the inbox skips for every handler that committed."""
+On RabbitMQ a replayed copy is confirmed by the broker before its dead letter is acked: a
+crash loses nothing, and at most the one message in flight is then in both queues, whose
+second delivery the inbox skips for every handler that committed."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import amqp
 
@@ -26,12 +29,23 @@ from inbox.operations._dead_letters import (
     DeadLetterRecord,
     dead_letter_queue,
     depth,
+    find,
     hold,
+    peek,
     publish_confirmed,
 )
 from inbox.operations._filters import Filters
 
-__all__ = ["TAKEN_KEPT", "MoveReport", "purge", "replay"]
+__all__ = [
+    "TAKEN_KEPT",
+    "DeadLetterSource",
+    "HeldLetter",
+    "MoveReport",
+    "RabbitDeadLetters",
+    "purge",
+    "replay",
+    "replayed_headers",
+]
 
 
 TAKEN_KEPT: Final = 1000
@@ -70,8 +84,38 @@ class MoveReport:
             self.taken.append(letter)
 
 
+class HeldLetter(Protocol):
+    """One dead letter a move has read, until it leaves, replays or deletes it."""
+
+    @property
+    def letter(self) -> DeadLetterRecord:
+        """What its headers say."""
+
+    def leave(self) -> None:
+        """Keep it in its place in the dead-letter queue."""
+
+    def replay(self, *, keep_tries: bool) -> bool:
+        """Put it back on its queue with :func:`replayed_headers` and take it from the
+        dead-letter queue; False when it was gone already (taken meanwhile)."""
+
+    def delete(self) -> bool:
+        """Take it from the dead-letter queue for good; False when it was gone already."""
+
+
+class DeadLetterSource(Protocol):
+    """Where a replay or purge reads dead letters."""
+
+    def depth(self, queue: str) -> int:
+        """The messages ``queue`` holds now (RabbitMQ: the broker's error when there is no
+        such queue)."""
+
+    def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
+        """The oldest ``count`` dead letters of ``queue`` at most, oldest first, each read
+        only when the one before is left, replayed or deleted."""
+
+
 def replay(
-    channel: amqp.Channel,
+    source: DeadLetterSource,
     queue: str,
     filters: Filters,
     *,
@@ -86,28 +130,24 @@ def replay(
     reading at most ``max_read`` (and never more than were present at the start): tries
     reset (the worker's failure headers removed, unless ``keep_tries``), :data:`REPLAYS`
     incremented. Those replayed ``max_replays`` times already stay. Broker errors propagate;
-    whatever was not acked yet then stays in the dead-letter queue."""
-    depth(channel, queue)  # the queue must exist, or every copy would be returned
-    report = _report(channel, queue, limit, max_read, dry_run)
-    for message, letter in _bounded(channel, report, filters, progress):
+    whatever was not taken yet then stays in the dead-letter queue."""
+    source.depth(queue)  # RabbitMQ: the queue must exist, or every copy would be returned
+    report = _report(source, queue, limit, max_read, dry_run)
+    for held in _bounded(source, report, filters, progress):
+        letter = held.letter
         if letter.replays >= max_replays:
             report.replayed_too_often.append(letter)
-            hold(channel, message, report.dead_letter_queue)
-            continue
-        report.take(letter)
-        if dry_run:
-            hold(channel, message, report.dead_letter_queue)
-            continue
-        properties = _replayed(message.properties, letter, keep_tries=keep_tries)
-        publish_confirmed(channel, message.body, properties, queue)
-        # Acked only after the broker confirmed the copy: a crash before this line leaves
-        # the dead letter where it was (and maybe the copy too), never neither.
-        channel.basic_ack(message.delivery_tag)
+            held.leave()
+        elif dry_run:
+            report.take(letter)
+            held.leave()
+        elif held.replay(keep_tries=keep_tries):
+            report.take(letter)
     return report
 
 
 def purge(
-    channel: amqp.Channel,
+    source: DeadLetterSource,
     queue: str,
     filters: Filters,
     *,
@@ -116,67 +156,132 @@ def purge(
     dry_run: bool = False,
     progress: Callable[[MoveReport], None] | None = None,
 ) -> MoveReport:
-    """Delete at most ``limit`` dead letters of ``queue`` that pass ``filters`` (ack them,
-    one by one), reading at most ``max_read``."""
-    report = _report(channel, queue, limit, max_read, dry_run)
-    for message, letter in _bounded(channel, report, filters, progress):
-        report.take(letter)
+    """Delete at most ``limit`` dead letters of ``queue`` that pass ``filters`` (one by
+    one), reading at most ``max_read``."""
+    report = _report(source, queue, limit, max_read, dry_run)
+    for held in _bounded(source, report, filters, progress):
         if dry_run:
-            hold(channel, message, report.dead_letter_queue)
-        else:
-            channel.basic_ack(message.delivery_tag)
+            report.take(held.letter)
+            held.leave()
+        elif held.delete():
+            report.take(held.letter)
     return report
 
 
 def _report(
-    channel: amqp.Channel, queue: str, limit: int | None, max_read: int | None, dry_run: bool
+    source: DeadLetterSource, queue: str, limit: int | None, max_read: int | None, dry_run: bool
 ) -> MoveReport:
     dlq = dead_letter_queue(queue)
-    present = depth(channel, dlq)
+    present = source.depth(dlq)
     to_read = present if max_read is None else min(present, max_read)
     return MoveReport(queue, dlq, present, to_read, dry_run, limit)
 
 
 def _bounded(
-    channel: amqp.Channel,
+    source: DeadLetterSource,
     report: MoveReport,
     filters: Filters,
     progress: Callable[[MoveReport], None] | None,
-) -> Iterator[tuple[amqp.Message, DeadLetterRecord]]:
+) -> Iterator[HeldLetter]:
     """The dead letters present at the start (at most ``report.to_read``) that pass
-    ``filters``, until ``report.limit`` are moved; the others read are held in place."""
+    ``filters``, until ``report.limit`` are moved; the others read are left in place."""
     now = dt.datetime.now(dt.UTC)
-    for _ in range(report.to_read):
-        if report.limit_reached:
-            break
-        message = channel.basic_get(report.dead_letter_queue, no_ack=False)
-        if message is None:
+    letters = source.read(report.queue, report.to_read)
+    while not report.limit_reached:  # checked before reading the next one
+        held = next(letters, None)
+        if held is None:
             break
         report.examined += 1
-        letter = DeadLetterRecord.read(message)
-        if filters.take(letter, now):
+        if filters.take(held.letter, now):
             report.matched += 1
-            yield message, letter
+            yield held
         else:
             report.not_matching += 1
-            hold(channel, message, report.dead_letter_queue)
+            held.leave()
         if progress is not None:
             progress(report)
+
+
+class RabbitDeadLetters:
+    """``inbox dlq``'s operations on the ``<queue>.dlq`` queues of RabbitMQ, on one channel
+    (the Redis ones: :class:`inbox.operations._redis_dead_letters.RedisDeadLetters`): a
+    message read and not taken is held unacked until the channel closes."""
+
+    def __init__(self, channel: amqp.Channel) -> None:
+        self._channel = channel
+
+    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
+        """:func:`~inbox.operations._dead_letters.peek` on this channel."""
+        return peek(self._channel, queue, limit)
+
+    def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
+        """The properties and body of the dead letter :func:`find` finds, or None."""
+        message = find(self._channel, queue, message_id)
+        return None if message is None else (message.properties, message.body)
+
+    def depth(self, queue: str) -> int:
+        """:func:`~inbox.operations._dead_letters.depth` on this channel."""
+        return depth(self._channel, queue)
+
+    def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
+        """The first ``count`` messages of ``queue``'s dead-letter queue at most, one
+        ``basic_get`` each."""
+        dlq = dead_letter_queue(queue)
+        for _ in range(count):
+            message = self._channel.basic_get(dlq, no_ack=False)
+            if message is None:
+                return
+            yield _RabbitLetter(self._channel, message, queue, dlq)
+
+
+class _RabbitLetter:
+    """A dead letter got unacked from RabbitMQ."""
+
+    def __init__(self, channel: amqp.Channel, message: amqp.Message, queue: str, dlq: str):
+        self._channel = channel
+        self._message = message
+        self._queue = queue
+        self._dlq = dlq
+        self.letter = DeadLetterRecord.read(message)
+
+    def leave(self) -> None:
+        hold(self._channel, self._message, self._dlq)
+
+    def replay(self, *, keep_tries: bool) -> bool:
+        properties = _replayed(self._message.properties, self.letter, keep_tries=keep_tries)
+        publish_confirmed(self._channel, self._message.body, properties, self._queue)
+        # Acked only after the broker confirmed the copy: a crash before this line leaves
+        # the dead letter where it was (and maybe the copy too), never neither.
+        self._channel.basic_ack(self._message.delivery_tag)
+        return True
+
+    def delete(self) -> bool:
+        self._channel.basic_ack(self._message.delivery_tag)
+        return True
 
 
 def _replayed(
     properties: Mapping[str, Any], letter: DeadLetterRecord, *, keep_tries: bool
 ) -> dict[str, Any]:
     copied = {k: v for k, v in properties.items() if k not in DROPPED_PROPERTIES}
-    headers = dict(copied.get("application_headers") or {})
-    first = h.earliest_failure(headers)
-    if first is not None:  # what the retention guard dates it by, after any replay
-        headers[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
-    if not keep_tries:
-        for name in FAILURE_HEADERS:
-            headers.pop(name, None)
-    headers[REPLAYS] = letter.replays + 1
-    headers[REPLAYED_AT] = h.now_utc()
-    copied["application_headers"] = headers
+    headers = copied.get("application_headers") or {}
+    copied["application_headers"] = replayed_headers(headers, letter, keep_tries=keep_tries)
     copied["delivery_mode"] = 2  # persistent, as the worker's copies
     return copied
+
+
+def replayed_headers(
+    headers: Mapping[str, Any], letter: DeadLetterRecord, *, keep_tries: bool
+) -> dict[str, Any]:
+    """A replayed copy's headers: the failure headers removed (unless ``keep_tries``), the
+    first failure kept for the retention guard, the replays counted."""
+    replayed = dict(headers)
+    first = h.earliest_failure(replayed)
+    if first is not None:  # what the retention guard dates it by, after any replay
+        replayed[h.ORIGINAL_FIRST_FAILURE] = first.isoformat(timespec="milliseconds")
+    if not keep_tries:
+        for name in FAILURE_HEADERS:
+            replayed.pop(name, None)
+    replayed[REPLAYS] = letter.replays + 1
+    replayed[REPLAYED_AT] = h.now_utc()
+    return replayed

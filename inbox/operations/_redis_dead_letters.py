@@ -1,0 +1,172 @@
+"""Dead letters on Redis: the list ``<queue>.dlq`` of kombu's Redis transport (what Celery's
+Redis broker uses), read, replayed and purged by ``inbox dlq``.
+
+Each entry is kombu's JSON envelope (``body``, ``headers``, ``properties``...), pushed on
+the left and consumed from the right: the oldest is last. Reading takes nothing. A replay
+moves one entry in one Lua script (remove it from the dead-letter list, push the replayed
+envelope onto the queue's list, or neither), so a crash leaves each message in exactly one
+list; a replayed envelope is the one kombu pushed with the tries reset, which a Celery
+worker consuming the queue runs as any task message. Messages sent with a priority (a list
+per priority step) and kombu's ``global_keyprefix`` are not looked at.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final, cast
+
+import redis
+
+from inbox.operations._dead_letters import DeadLetterRecord, dead_letter_queue
+from inbox.operations._replay import HeldLetter, replayed_headers
+
+__all__ = ["RedisDeadLetters", "is_redis", "open_redis"]
+
+# Remove one entry from the dead-letter list and push its replayed copy, atomically; 0 when
+# the entry is gone already (taken by another replay or purge): nothing pushed.
+_MOVE: Final = """
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 1 then
+    redis.call('LPUSH', KEYS[2], ARGV[2])
+    return 1
+end
+return 0
+"""
+
+
+def is_redis(broker: str) -> bool:
+    """Whether ``broker`` names a Redis server (``redis://``, ``rediss://``)."""
+    return broker.partition("://")[0] in {"redis", "rediss"}
+
+
+@contextmanager
+def open_redis(broker: str) -> Iterator[RedisDeadLetters]:
+    """The dead letters on the Redis server of ``broker`` (one client, closed on exit)."""
+    with redis.Redis.from_url(broker, socket_timeout=30) as client:
+        client.ping()
+        yield RedisDeadLetters(client)
+
+
+class RedisDeadLetters:
+    """``inbox dlq``'s operations on the dead-letter lists of one Redis server: a
+    :class:`~inbox.operations._replay.DeadLetterSource` whose reading takes nothing."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
+        """The depth of ``queue``'s dead-letter list and its oldest ``limit`` letters."""
+        dlq = dead_letter_queue(queue)
+        present = self.depth(dlq)
+        return present, [_record(_envelope(raw)) for raw in self._oldest(dlq, limit)]
+
+    def find(self, queue: str, message_id: str) -> tuple[dict[str, Any], bytes] | None:
+        """The properties (headers as ``application_headers``) and body of the oldest dead
+        letter of ``queue`` with ``message_id`` (or that
+        :attr:`~inbox.operations._dead_letters.DeadLetterRecord.ref`); None when there is
+        none."""
+        dlq = dead_letter_queue(queue)
+        for raw in self._oldest(dlq, self.depth(dlq)):
+            envelope = _envelope(raw)
+            if _record(envelope).ref == message_id:
+                properties = {
+                    "content_type": envelope.get("content-type"),
+                    "content_encoding": envelope.get("content-encoding"),
+                    **_properties(envelope),
+                    "application_headers": _headers(envelope),
+                }
+                return properties, _body(envelope)
+        return None
+
+    def depth(self, queue: str) -> int:
+        """The length of the list ``queue`` (0 when there is none)."""
+        return int(self._client.llen(queue))
+
+    def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
+        """The oldest ``count`` entries of ``queue``'s dead-letter list at most, oldest
+        first (read in one ``LRANGE``; each moved alone)."""
+        dlq = dead_letter_queue(queue)
+        for raw in self._oldest(dlq, count):
+            yield _RedisLetter(self._client, raw, queue, dlq)
+
+    def _oldest(self, dlq: str, count: int) -> list[bytes]:
+        if count <= 0:  # LRANGE -0 -1 would be the whole list
+            return []
+        raw = cast("list[bytes]", self._client.lrange(dlq, -count, -1))
+        return raw[::-1]  # pushed on the left: the oldest is last
+
+
+class _RedisLetter:
+    """One entry of a dead-letter list, as read (it stays in the list until moved)."""
+
+    def __init__(self, client: redis.Redis, raw: bytes, queue: str, dlq: str) -> None:
+        self._client = client
+        self._raw = raw
+        self._queue = queue
+        self._dlq = dlq
+        self._envelope = _envelope(raw)
+        self.letter = _record(self._envelope)
+
+    def leave(self) -> None:
+        """Nothing to do: reading took nothing."""
+
+    def replay(self, *, keep_tries: bool) -> bool:
+        copy = dict(self._envelope)
+        copy["headers"] = replayed_headers(
+            _headers(self._envelope), self.letter, keep_tries=keep_tries
+        )
+        properties = dict(_properties(self._envelope))
+        properties["delivery_tag"] = str(uuid.uuid4())
+        properties["delivery_info"] = {"exchange": "", "routing_key": self._queue}
+        copy["properties"] = properties
+        moved = self._client.eval(_MOVE, 2, self._dlq, self._queue, self._raw, json.dumps(copy))
+        return bool(moved)
+
+    def delete(self) -> bool:
+        # redis-py sends bytes as they are (its annotation says str).
+        return bool(self._client.lrem(self._dlq, -1, self._raw))  # type: ignore[arg-type]
+
+
+def _envelope(raw: bytes) -> dict[str, Any]:
+    try:
+        envelope = json.loads(raw)
+    except ValueError:
+        envelope = None
+    # Not kombu's: shown as a body of its own, never moved by a filter on its headers.
+    return envelope if isinstance(envelope, dict) else {"body": raw.decode("utf-8", "replace")}
+
+
+def _headers(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    headers = envelope.get("headers")
+    return dict(headers) if isinstance(headers, Mapping) else {}
+
+
+def _properties(envelope: Mapping[str, Any]) -> Mapping[str, Any]:
+    properties = envelope.get("properties")
+    return properties if isinstance(properties, Mapping) else {}
+
+
+def _body(envelope: Mapping[str, Any]) -> bytes:
+    body = envelope.get("body", "")
+    data = body.encode("utf-8") if isinstance(body, str) else json.dumps(body).encode("utf-8")
+    if _properties(envelope).get("body_encoding") == "base64":
+        return base64.b64decode(data)
+    return data
+
+
+def _record(envelope: Mapping[str, Any]) -> DeadLetterRecord:
+    properties = _properties(envelope)
+    headers = _headers(envelope)
+    # A Celery task message names its id and task in headers, not in AMQP properties.
+    return DeadLetterRecord.of(
+        {
+            **properties,
+            "message_id": properties.get("message_id") or headers.get("id"),
+            "type": properties.get("type") or headers.get("task"),
+        },
+        headers,
+        _body(envelope),
+    )

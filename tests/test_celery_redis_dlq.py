@@ -1,0 +1,119 @@
+"""``inbox dlq list|show|replay|purge`` on the dead letters of Celery tasks on Redis (kombu's
+Redis transport): a real prefork worker dead-letters them, the command reads them without
+taking them, a replayed one is a Celery task message the worker runs once, a purge deletes
+only what its filter names."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from kombu import Connection, Queue
+from support.databases import Database
+from support.redis import REDIS_URL, redis_area
+from test_celery_worker import sender, until, worker
+
+from inbox.admin.cli import admin_main
+from inbox.operations._dead_letters import REPLAYS
+
+BROKER = REDIS_URL.rsplit("/", 1)[0] + "/5"
+
+
+def dlq(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = admin_main(["dlq", *argv], stdout=out, stderr=io.StringIO())
+    return code, out.getvalue()
+
+
+def test_inbox_dlq_lists_shows_replays_and_purges_celery_dead_letters_on_redis(
+    pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        redis_area(BROKER) as area,
+        sender(area.url, area.stream("celery"), pg_db, monkeypatch) as app,
+    ):
+        queue = area.stream("celery")
+        dead = f"{queue}.dlq"
+        (tmp_path / "fail-bad").touch()
+        fragile = app.fragile.delay("bad")
+        poison = app.strict.delay("not-a-mapping")
+        with worker(area.url, queue, pg_db, tmp_path), area.client() as client:
+            until(lambda: client.llen(dead) == 2, "two dead letters")
+        on = ["--broker", area.url, "--queue", queue]
+
+        code, listed = dlq("list", *on)
+        assert code == 0
+        first, *lines = listed.splitlines()
+        assert first == f"2 dead letters in {dead}"
+        by_id = {line.split()[0]: line for line in lines}
+        assert "type=ct.fragile reason=handler-failed tries=2" in by_id[f"id={fragile.id}"]
+        assert "type=ct.strict reason=invalid-key" in by_id[f"id={poison.id}"]
+
+        code, shown = dlq("show", *on, fragile.id)
+        assert code == 0
+        assert "header x-inbox-reason: handler-failed" in shown
+        assert f"header x-inbox-queue: {queue}" in shown
+        assert '[["bad"], {}' in shown  # the protocol-2 body: args, kwargs, embed
+        assert dlq("show", *on, "no-such-id")[0] == 3
+
+        with area.client() as client:
+            assert client.llen(dead) == 2, "list and show took nothing"
+        code, replayed = dlq("replay", *on, "--reason", "handler-failed")
+        assert code == 0
+        assert replayed == (
+            f"replayed 1 of 2 dead letters from {dead} to {queue} (read 2, matched 1); left: 1 "
+            "not matching the filters\n"
+        )
+        with area.client() as client:
+            assert client.llen(dead) == 1
+            [raw] = client.lrange(queue, 0, -1)
+        headers = json.loads(raw)["headers"]
+        assert headers["x-inbox-replays"] == 1
+        assert "x-inbox-reason" not in headers
+        assert headers["id"] == fragile.id
+
+        (tmp_path / "fail-bad").unlink()
+        with worker(area.url, queue, pg_db, tmp_path):
+            until(lambda: pg_db.effect_counts() == {("bad", "ct.fragile"): 1}, "the replayed task")
+
+        assert dlq("purge", *on, "--reason", "handler-failed", "--yes", "-q")[0] == 0
+        with area.client() as client:
+            assert client.llen(dead) == 1, "the purge's filter left the invalid-key letter"
+        assert dlq("purge", *on, "--reason", "invalid-key", "--yes", "-q")[0] == 0
+        with area.client() as client:
+            assert client.llen(dead) == 0
+        assert pg_db.effect_counts() == {("bad", "ct.fragile"): 1}
+
+
+def test_a_redis_replay_keeps_what_was_replayed_too_often_and_a_dry_run_or_limit_moves_less() -> (
+    None
+):
+    with redis_area(BROKER) as area, area.client() as client:
+        queue = area.stream("q")
+        dead = f"{queue}.dlq"
+        with Connection(area.url) as connection:
+            producer = connection.Producer()
+            for n, replays in enumerate((0, 3, 0)):
+                producer.publish(
+                    {"n": n},
+                    routing_key=dead,
+                    headers={"id": f"m{n}", "x-inbox-reason": "handler-failed", REPLAYS: replays},
+                    declare=[Queue(dead, routing_key=dead)],
+                )
+        client.lpush(dead, b"\xff not an envelope")  # shown, never taken by a reason filter
+        on = ["--broker", area.url, "--queue", queue]
+        code, listed = dlq("list", *on)
+        assert code == 0
+        assert listed.splitlines()[0] == f"4 dead letters in {dead}"
+        replay = ["replay", *on, "--reason", "handler-failed"]
+        assert dlq(*replay, "--dry-run")[1].startswith("would replay 2 of 4")
+        assert client.llen(dead) == 4
+        assert dlq(*replay, "--limit", "1")[1].startswith("replayed 1 of 4")
+        code, out = dlq(*replay)
+        assert out.startswith("replayed 1 of 3")
+        assert "left (replayed 3 times): id=m1" in out
+        assert client.llen(dead) == 2
+        moved = [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(queue, 0, -1))]
+        assert moved == ["m0", "m2"]  # oldest first, as they were dead-lettered

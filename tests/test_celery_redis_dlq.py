@@ -117,3 +117,122 @@ def test_a_redis_replay_keeps_what_was_replayed_too_often_and_a_dry_run_or_limit
         assert client.llen(dead) == 2
         moved = [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(queue, 0, -1))]
         assert moved == ["m0", "m2"]  # oldest first, as they were dead-lettered
+
+
+def letters(area_url: str, dead: str, *heads: dict[str, object]) -> None:
+    """Dead letters as kombu's Redis transport pushes them, oldest first."""
+    with Connection(area_url) as connection:
+        producer = connection.Producer()
+        for n, headers in enumerate(heads):
+            producer.publish(
+                {"n": n},
+                routing_key=dead,
+                headers=headers,
+                declare=[Queue(dead, routing_key=dead)],
+            )
+
+
+def dlq_asked(*argv: str, answer: bool | None) -> tuple[int, str, str, list[str]]:
+    """``inbox dlq`` with a terminal answering ``answer`` (None: no terminal)."""
+    out, err = io.StringIO(), io.StringIO()
+    asked: list[str] = []
+
+    def confirm(question: str) -> bool:
+        asked.append(question)
+        return bool(answer)
+
+    code = admin_main(
+        ["dlq", *argv], stdout=out, stderr=err, confirm=None if answer is None else confirm
+    )
+    return code, out.getvalue(), err.getvalue(), asked
+
+
+def test_redis_limit_counts_matching_letters_max_read_bounds_reading_and_purge_lists_first() -> (
+    None
+):
+    """The operator's options on Redis, through the same replay and purge as on RabbitMQ."""
+    with redis_area(BROKER) as area, area.client() as client:
+        queue = area.stream("q")
+        dead = f"{queue}.dlq"
+        other = {"x-inbox-reason": "unhandled-type"}
+        letters(
+            area.url,
+            dead,
+            {**other, "id": "o0"},
+            {**other, "id": "o1"},
+            {"x-inbox-reason": "handler-failed", "id": "m0"},
+            {"x-inbox-reason": "handler-failed", "id": "m1"},
+            {**other, "id": "o2"},
+            {"x-inbox-reason": "handler-failed", "id": "m2"},
+        )
+        on = ["--broker", area.url, "--queue", queue, "--reason", "handler-failed"]
+
+        code, out = dlq("replay", *on, "--limit", "2", "--dry-run")
+        assert code == 0
+        first, *taken = out.splitlines()
+        assert first == (
+            f"would replay 2 of 6 dead letters from {dead} to {queue} (read 4, matched 2); "
+            "left: 2 not matching the filters, 2 not read (--limit 2 reached)"
+        )
+        assert [line.split()[0] for line in taken] == ["id=m0", "id=m1"]
+        assert client.llen(dead) == 6
+
+        code, out = dlq("replay", *on, "--max-read", "3")
+        assert out == (
+            f"replayed 1 of 6 dead letters from {dead} to {queue} (read 3, matched 1); left: "
+            "2 not matching the filters, 3 not read (--max-read 3)\n"
+        )
+        assert [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)] == ["m0"]
+
+        code, out, err, asked = dlq_asked("purge", *on, answer=None)
+        assert (code, err) == (
+            2,
+            "inbox: error: refusing to purge without --yes (no terminal to ask on)\n",
+        )
+        first, *taken = out.splitlines()
+        assert first.startswith(f"would purge 2 of 5 dead letters from {dead} (read 5, matched 2)")
+        assert [line.split()[0] for line in taken] == ["id=m1", "id=m2"]
+        assert client.llen(dead) == 5
+
+        code, out, err, asked = dlq_asked("purge", *on, answer=True)
+        assert code == 0, err
+        assert asked == [f"delete these dead letters of {dead} for good?"]
+        assert out.splitlines()[-1].startswith(f"purged 2 of 5 dead letters from {dead}")
+        ids = [json.loads(raw)["headers"]["id"] for raw in client.lrange(dead, 0, -1)]
+        assert sorted(ids) == ["o0", "o1", "o2"]
+
+
+def test_redis_dead_letters_without_an_id_are_named_by_sha256_and_moved_one_by_one() -> None:
+    with redis_area(BROKER) as area, area.client() as client:
+        queue = area.stream("q")
+        dead = f"{queue}.dlq"
+        failed = {"x-inbox-reason": "handler-failed"}
+        letters(area.url, dead, failed, failed, failed)  # {"n": 0}, {"n": 1}, {"n": 2}
+        client.lpush(dead, b"\xff not an envelope")
+        on = ["--broker", area.url, "--queue", queue]
+
+        code, out = dlq("list", *on, "--json")
+        assert code == 0
+        refs = [x["ref"] for x in json.loads(out)["dead_letters"]]
+        assert all(r.startswith("sha256:") and len(r) == 7 + 16 for r in refs)
+        assert len(set(refs)) == 4
+        assert dlq("list", *on)[1].splitlines()[1].startswith(f"ref={refs[0]} ")
+
+        code, out = dlq("show", *on, refs[1])
+        assert code == 0
+        assert out.splitlines()[-1] == '{"n": 1}'
+        code, out = dlq("show", *on, refs[3])
+        assert code == 0
+        assert "not an envelope" in out
+
+        code, out = dlq("replay", *on, "--id", refs[1])
+        assert out.startswith(
+            f"replayed 1 of 4 dead letters from {dead} to {queue} (read 4, matched 1)"
+        )
+        [raw] = client.lrange(queue, 0, -1)
+        assert json.loads(raw)["headers"]["x-inbox-replays"] == 1
+
+        code, out = dlq("purge", *on, "--id", refs[3], "--yes")
+        assert out.startswith(f"purged 1 of 3 dead letters from {dead} (read 3, matched 1)")
+        code, out = dlq("list", *on, "--json")
+        assert [x["ref"] for x in json.loads(out)["dead_letters"]] == [refs[0], refs[2]]

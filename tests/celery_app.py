@@ -3,6 +3,7 @@
 
 INBOX_CELERY_BROKER  the broker URL        INBOX_CELERY_DATABASE  the database URL
 INBOX_CELERY_QUEUE   the queue consumed    INBOX_CELERY_MARKERS   a directory of kill markers
+INBOX_CELERY_BACKEND the result backend (default: none)
 
 A marker file ``<markers>/kill-<ref>`` makes the pool child that just committed the task
 for ``ref`` kill itself with SIGKILL (once: the file is removed first), after the commit and
@@ -28,7 +29,11 @@ from inbox.celery import InboxTask, InboxTasks
 QUEUE = os.environ.get("INBOX_CELERY_QUEUE", "celery")
 MARKERS = Path(os.environ.get("INBOX_CELERY_MARKERS", "."))
 
-app = Celery("celery_app", broker=os.environ.get("INBOX_CELERY_BROKER", "memory://"))
+app = Celery(
+    "celery_app",
+    broker=os.environ.get("INBOX_CELERY_BROKER", "memory://"),
+    backend=os.environ.get("INBOX_CELERY_BACKEND"),
+)
 app.conf.update(
     task_default_queue=QUEUE,
     worker_prefetch_multiplier=1,

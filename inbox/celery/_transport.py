@@ -20,6 +20,7 @@ from kombu.utils.json import dumps
 
 from inbox.delivery import headers as h
 from inbox.delivery.transport import CopyRefused, Inbound
+from inbox.telemetry import record_decision
 
 __all__ = ["CeleryTransport"]
 
@@ -103,6 +104,16 @@ class CeleryTransport:
                 )
         except Exception as exc:
             raise CopyRefused(f"copy to {target!r} not taken: {exc!r}") from exc
+        if target == self.dead_letters:  # counted once the broker took it
+            tries = headers.get(h.TRIES)
+            record_decision(
+                "dead-letter",
+                handler=self._task.name,
+                destination=self.queue,
+                message_id=self._message_id,
+                reason=str(headers.get(h.REASON, "")),
+                tries=tries if isinstance(tries, int) else None,
+            )
 
     def fits(self, request: Any, headers: Mapping[str, Any]) -> bool:
         """Celery's own messages carry these headers already: no limit is checked here."""

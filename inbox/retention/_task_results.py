@@ -40,7 +40,8 @@ def delete_expired_results(
     engine: Engine, results: Table, cutoff: dt.datetime, sizing: BatchSizing
 ) -> tuple[int, int, float]:
     """Delete the results stored strictly before ``cutoff``, as many per transaction as
-    ``sizing`` says; return (rows deleted, batches, slowest batch's seconds). Each batch
+    ``sizing`` says; return (rows deleted, batches, slowest batch's seconds); a look that
+    finds none is no batch. Each batch
     selects the oldest keys, then deletes by key (MySQL and MariaDB take no LIMIT in a
     subquery of the table being deleted from)."""
     deleted = batches = 0
@@ -59,6 +60,8 @@ def delete_expired_results(
                 connection.execute(
                     delete(results).where(results.c.task == task, results.c.claim_key.in_(claims))
                 )
+        if not rows:
+            break  # nothing (left) to delete: a look, not a batch
         seconds = time.perf_counter() - began
         sizing.record(len(rows), seconds)
         longest = max(longest, seconds)

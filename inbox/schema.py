@@ -1,20 +1,17 @@
-"""The inbox's tables (claims, outbox, effects), defined once in SQLAlchemy metadata; the
-alembic revisions create exactly them."""
+"""The inbox's tables (claims, outbox, effects, Celery task results), defined once in
+SQLAlchemy metadata; the alembic revisions create exactly them."""
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import re
 import threading
-import uuid
 from typing import Any, Final
 
 from sqlalchemy import (
     DDL,
     Column,
     Connection,
-    DateTime,
     Dialect,
     Index,
     Integer,
@@ -27,9 +24,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.schema import SchemaItem
 from sqlalchemy.sql.ddl import BaseDDLElement
-from sqlalchemy.types import TypeDecorator
 
-from inbox._backends import families, family_of, with_family_types
+from inbox._backends import family_of, with_family_types
+from inbox._column_types import BinaryUUID, UTCDateTime
 from inbox.errors import ConfigurationError
 
 # The public names. The default names, column types, limits and resolvers below are the
@@ -39,78 +36,24 @@ __all__ = [
     "inbox_effect",
     "inbox_message",
     "inbox_table",
+    "inbox_task_result",
     "metadata",
     "outbox_message",
     "outbox_table",
     "processed_at_index_name",
+    "result_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "inbox_message"
 DEFAULT_OUTBOX_TABLE_NAME: Final = "outbox_message"
 DEFAULT_EFFECT_TABLE_NAME: Final = "inbox_effect"
+DEFAULT_RESULT_TABLE_NAME: Final = "inbox_task_result"
 OUTBOX_NOTIFY_CHANNEL: Final = "inbox_outbox"
 """The PostgreSQL ``LISTEN`` channel an outbox table notifies when rows are committed."""
 HANDLER_NAME_MAX_LENGTH: Final = 255
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # PostgreSQL's identifier limit (MySQL/MariaDB allow 64, SQLite has none).
 _MAX_IDENTIFIER_LENGTH: Final = 63
-
-
-class BinaryUUID(TypeDecorator[uuid.UUID]):
-    """A UUID stored as its 16 raw bytes: ``BYTEA``, ``BINARY(16)`` or ``BLOB`` by dialect.
-
-    Binds a :class:`uuid.UUID` or exactly 16 bytes (a derived business key); reads a UUID.
-    """
-
-    impl = with_family_types(LargeBinary(16), "key")
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> bytes | None:
-        """Turn a UUID (or 16 bytes, passed through) into the stored 16 bytes."""
-        if value is None or isinstance(value, bytes):
-            return value
-        if isinstance(value, uuid.UUID):
-            return value.bytes
-        raise ConfigurationError(f"BinaryUUID binds a UUID or 16 bytes, got {type(value).__name__}")
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> uuid.UUID | None:
-        """Turn the stored 16 bytes back into a UUID."""
-        return None if value is None else uuid.UUID(bytes=bytes(value))
-
-
-class UTCDateTime(TypeDecorator[dt.datetime]):
-    """A timezone-aware UTC timestamp on every dialect.
-
-    PostgreSQL stores ``TIMESTAMP WITH TIME ZONE``. MySQL/MariaDB and SQLite have no
-    zone-aware type, so the value is stored as naive UTC (``DATETIME(6)`` on MySQL, so
-    microseconds survive) and read back with ``tzinfo=UTC``. Naive datetimes are refused on
-    bind: guessing their zone is how retention windows silently shift by hours.
-    """
-
-    impl = with_family_types(DateTime(timezone=True), "instant")
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> dt.datetime | None:
-        """Normalise an aware datetime to UTC (naive UTC where the dialect has no zones)."""
-        if value is None:
-            return None
-        if not isinstance(value, dt.datetime) or value.tzinfo is None:
-            raise ConfigurationError("UTCDateTime binds a timezone-aware datetime")
-        utc: dt.datetime = value.astimezone(dt.UTC)
-        # A subscript, no call: this runs for every timestamp bound.
-        return utc if families[type(dialect)].keeps_time_zones else utc.replace(tzinfo=None)
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
-        """Return the stored time as an aware UTC datetime."""
-        if value is None:
-            return None
-        if not isinstance(value, dt.datetime):
-            raise ConfigurationError(
-                f"expected a datetime from the driver, got {type(value).__name__}"
-            )
-        if value.tzinfo is None:
-            return value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC)
 
 
 def _handler_name_type() -> String:
@@ -297,6 +240,24 @@ def effect_table(
     )
 
 
+def result_table(
+    metadata: MetaData, name: str = DEFAULT_RESULT_TABLE_NAME, *, schema: str | None = None
+) -> Table:
+    """Define a task result table on ``metadata``: the return value of each Celery inbox
+    task per claim (:mod:`inbox.celery`), deleted by ``inbox-cleanup`` by age."""
+    _check_identifiers("result", name, schema)
+    return Table(
+        name,
+        metadata,
+        Column("claim_key", BinaryUUID(), primary_key=True),
+        Column("task", _handler_name_type(), primary_key=True),
+        Column("result", _long_text(), nullable=False),
+        Column("stored_at", UTCDateTime(), nullable=False),
+        Index(_index_name(name, "stored_at"), "stored_at"),
+        schema=schema,
+    )
+
+
 def resolve_table(table: str | Table) -> Table:
     """Return ``table`` itself, or the inbox table named by ``"name"`` or ``"schema.name"``."""
     return _resolve(table, "inbox", {"message_id", "handler", "processed_at"})
@@ -310,6 +271,11 @@ def resolve_outbox_table(table: str | Table) -> Table:
 def resolve_effect_table(table: str | Table) -> Table:
     """Return ``table`` itself, or the effect table named ``"name"`` or ``"schema.name"``."""
     return _resolve(table, "effect", {"effect_key", "claim_key", "status", "attempts"})
+
+
+def resolve_result_table(table: str | Table) -> Table:
+    """Return ``table`` itself, or the task result table named ``"name"`` or ``"schema.name"``."""
+    return _resolve(table, "result", {"claim_key", "task", "result", "stored_at"})
 
 
 _named: dict[tuple[str, str], Table] = {}  # one Table per name: the outbox maps a class on it
@@ -357,5 +323,18 @@ outbox_message: Final = outbox_table(metadata)
 inbox_effect: Final = effect_table(metadata)
 """The default effect table, ``inbox_effect``."""
 
-_DEFAULTS: Final = {"inbox": inbox_message, "outbox": outbox_message, "effect": inbox_effect}
-_BUILDERS: Final = {"inbox": inbox_table, "outbox": outbox_table, "effect": effect_table}
+inbox_task_result: Final = result_table(metadata)
+"""The default task result table, ``inbox_task_result`` (Celery inbox tasks' return values)."""
+
+_DEFAULTS: Final = {
+    "inbox": inbox_message,
+    "outbox": outbox_message,
+    "effect": inbox_effect,
+    "result": inbox_task_result,
+}
+_BUILDERS: Final = {
+    "inbox": inbox_table,
+    "outbox": outbox_table,
+    "effect": effect_table,
+    "result": result_table,
+}

@@ -83,3 +83,43 @@ def test_a_committed_send_task_runs_on_a_celery_worker_and_a_rolled_back_one_nev
             until(lambda: len(pg_db.effect_counts()) == 2, "the two committed tasks")
         assert pg_db.effect_counts() == {("sent", "ct.record"): 1, ("later", "ct.record"): 1}
         assert uuid.UUID(sent).version == 7
+
+
+def test_an_outbox_sent_task_answers_on_the_rpc_result_backend(
+    pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The message carries correlation_id = task id and reply_to as AMQP properties (not as
+    headers), as Celery's producer sets them: AsyncResult.get() on rpc:// gets the value."""
+    outbox = Outbox()
+    monkeypatch.setenv("INBOX_CELERY_BACKEND", "rpc://")
+    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), pg_db, monkeypatch) as ct:
+        queue = area.queue("celery")
+        with area.connection() as connection, connection.channel() as channel:
+            channel.queue_declare(queue=queue, durable=True, auto_delete=False)
+        app = ct.app
+        # What app.send_task does first: declare the reply queue before the task can run.
+        with app.producer_or_acquire() as producer:
+            app.backend.on_task_call(producer, None)
+        with Session(pg_db.engine) as session, session.begin():
+            looked_at = outbox.send_task(
+                session, "ct.record", ["seen"], queue=queue, reply_to=app.thread_oid
+            )
+        relay = make_relay(pg_db, area)
+        try:
+            assert relay.run_until_empty(timeout=30) == 1
+            [message] = area.take_all(queue)
+            assert message.properties["correlation_id"] == looked_at
+            assert message.properties["reply_to"] == app.thread_oid
+            assert not any(name.startswith("x-inbox-") for name in message.headers)
+            with Session(pg_db.engine) as session, session.begin():
+                task_id = outbox.send_task(
+                    session, "ct.record", ["rpc"], queue=queue, reply_to=app.thread_oid
+                )
+            assert relay.run_until_empty(timeout=30) == 1
+        finally:
+            relay.close()
+        with worker(AMQP_URL, queue, pg_db, tmp_path):
+            value = app.AsyncResult(task_id).get(timeout=60)
+        assert value.startswith("rpc:")
+        with Session(pg_db.engine) as session, pytest.raises(InvalidMessage, match="reply_to"):
+            outbox.send_task(session, "ct.record", ["x"], reply_to="")

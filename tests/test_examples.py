@@ -17,6 +17,8 @@ EXAMPLES = TESTS_DIR.parent / "examples"
 
 LAST_LINES: dict[str, str | None] = {
     "async_orders.py": "every order invoiced exactly once",
+    # Celery's worker is a process of its own: RabbitMQ and PostgreSQL, tested below.
+    "celery_orders.py": None,
     "demo.py": None,  # the demo and the SMS demo have tests of their own (test_demo*.py)
     "demo_sms.py": None,
     "outbox_orders.py": "every order confirmed and announced exactly once",
@@ -72,3 +74,14 @@ def test_the_tenants_example_with_rabbitmq(rabbit: Rabbit) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tenant acme: orders ['a-1', 'a-2', 'acme-shared'], 3 claims" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1] == LAST_LINES["tenants.py"]
+
+
+def test_the_celery_example_on_rabbitmq_and_postgresql(pg_db: Database, rabbit: Rabbit) -> None:
+    queue = rabbit.queue("celery_orders")
+    done = run_example(
+        "celery_orders.py", "--database-url", pg_db.url, "--broker", rabbit.url, "--queue", queue
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "orders placed: 3" in done.stdout
+    assert "payments=3 provider requests=3 receipts=3" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1] == "every order charged and receipted exactly once"

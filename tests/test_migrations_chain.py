@@ -24,7 +24,7 @@ from inbox.schema import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-FIRST, OUTBOX, EFFECTS = "5c1f0e2a9b3d", "6d2a1f3b8c4e", "7e3b2a4c9d5f"
+FIRST, OUTBOX, EFFECTS, RESULTS = "5c1f0e2a9b3d", "6d2a1f3b8c4e", "7e3b2a4c9d5f", "8f4c3b5d0e6a"
 
 
 def config_for(url: str) -> Config:
@@ -65,7 +65,7 @@ def test_upgrading_a_database_with_claims_keeps_every_claim(empty_db: Database) 
     config = config_for(empty_db.url)
     command.upgrade(config, FIRST)
     assert tables(empty_db.engine) >= {"inbox_message"}
-    assert not tables(empty_db.engine) & {"outbox_message", "inbox_effect"}
+    assert not tables(empty_db.engine) & {"outbox_message", "inbox_effect", "inbox_task_result"}
     now = dt.datetime.now(dt.UTC)
     claims = [
         {"message_id": uuid.uuid4(), "handler": f"h{i}", "processed_at": now} for i in range(50)
@@ -75,8 +75,13 @@ def test_upgrading_a_database_with_claims_keeps_every_claim(empty_db: Database) 
 
     command.upgrade(config, "head")
 
-    assert version(empty_db.engine) == EFFECTS
-    assert tables(empty_db.engine) >= {"inbox_message", "outbox_message", "inbox_effect"}
+    assert version(empty_db.engine) == RESULTS
+    assert tables(empty_db.engine) >= {
+        "inbox_message",
+        "outbox_message",
+        "inbox_effect",
+        "inbox_task_result",
+    }
     assert schema_diff(empty_db.engine) == [], "the metadata and the revisions agree"
     with empty_db.engine.connect() as connection:
         kept = connection.execute(select(inbox_message.c.message_id, inbox_message.c.handler))
@@ -93,6 +98,11 @@ def test_each_downgrade_removes_only_its_own_table(empty_db: Database) -> None:
         connection.execute(
             inbox_message.insert().values(message_id=uuid.uuid4(), handler="h", processed_at=now)
         )
+
+    command.downgrade(config, "-1")
+    assert version(empty_db.engine) == EFFECTS
+    assert "inbox_task_result" not in tables(empty_db.engine)
+    assert {"inbox_message", "outbox_message", "inbox_effect"} <= tables(empty_db.engine)
 
     command.downgrade(config, "-1")
     assert version(empty_db.engine) == OUTBOX

@@ -13,12 +13,11 @@ import datetime as dt
 from typing import Any, Final
 
 from kombu.utils.json import dumps, loads
-from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, Text, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from inbox._backends import with_family_types
 from inbox.errors import InboxError
-from inbox.schema import HANDLER_NAME_MAX_LENGTH, BinaryUUID, UTCDateTime
+from inbox.schema import DEFAULT_RESULT_TABLE_NAME, inbox_task_result, metadata
 
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
@@ -30,28 +29,15 @@ __all__ = [
     "task_result_table",
 ]
 
-DEFAULT_RESULT_TABLE_NAME: Final = "inbox_task_result"
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024
 
-result_metadata = MetaData()
-"""The metadata holding :data:`task_result_table`: give it to ``create_all`` or to your
-alembic ``target_metadata`` (docs/celery.md, "The result table")."""
+result_metadata: Final = metadata
+"""The metadata holding :data:`task_result_table`: :data:`inbox.schema.metadata`, which the
+shipped alembic revisions create (``inbox migrate``) and your autogenerate target includes."""
 
-task_result_table = Table(
-    DEFAULT_RESULT_TABLE_NAME,
-    result_metadata,
-    # The claim's 16-byte key and handler name (the task name): one row per claim.
-    Column("claim_key", BinaryUUID(), nullable=False),
-    Column(
-        "task",
-        with_family_types(String(HANDLER_NAME_MAX_LENGTH), "text", HANDLER_NAME_MAX_LENGTH),
-        nullable=False,
-    ),
-    Column("result", with_family_types(Text(), "long_text"), nullable=False),
-    Column("stored_at", UTCDateTime(), nullable=False),
-    PrimaryKeyConstraint("claim_key", "task"),
-)
-"""``inbox_task_result``: an inbox task's return value per (claim key, task name)."""
+task_result_table: Final = inbox_task_result
+"""``inbox_task_result``: an inbox task's return value per (claim key, task name)
+(:data:`inbox.schema.inbox_task_result`)."""
 
 
 class ResultTooLarge(InboxError, ValueError):

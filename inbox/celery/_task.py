@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from celery import Task
+from celery.exceptions import Retry
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
@@ -26,6 +27,7 @@ from inbox.core._handlers import RegisteredHandler
 from inbox.errors import ConfigurationError, HandlerFailed, InvalidBody, InvalidKey
 from inbox.message import Message, key_bytes, uuid7
 from inbox.result import Outcome
+from inbox.telemetry import record_decision
 
 __all__ = ["InboxTask", "TaskBinding", "TaskCall", "current_session", "task_message_id"]
 
@@ -110,6 +112,8 @@ class InboxTask(Task):
         except HandlerFailed as exc:
             failure = exc.failures.get(name, exc)
             if isinstance(failure, CELERY_CONTROL):
+                if isinstance(failure, Retry):
+                    _record_retry(self)
                 raise failure from None
         except (InvalidKey, InvalidBody) as exc:
             failure = exc
@@ -148,3 +152,19 @@ def run_body(binding: TaskBinding, message: Message[TaskCall], session: Session)
         _SESSION.reset(token)
     store_result(session, call.claim_key, task.name, value, binding.max_result_bytes)
     call.returned = value
+
+
+def _record_retry(task: InboxTask) -> None:
+    """Count a Celery retry (``self.retry()``, ``autoretry_for``) of a broker delivery as the
+    kombu worker counts its retries: ``inbox.retries`` and an ``inbox.decision`` event."""
+    request = task.request
+    if request.is_eager or request.id is None:
+        return
+    queue = (request.delivery_info or {}).get("routing_key") or task.app.conf.task_default_queue
+    record_decision(
+        "retry",
+        handler=task.name,
+        destination=str(queue),
+        message_id=str(request.id),
+        tries=(request.retries or 0) + 1,
+    )

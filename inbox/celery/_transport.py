@@ -20,6 +20,7 @@ from kombu.utils.json import dumps
 
 from inbox.delivery import headers as h
 from inbox.delivery.transport import CopyRefused, Inbound
+from inbox.telemetry import record_decision
 
 __all__ = ["CeleryTransport", "publish_copy"]
 
@@ -84,6 +85,16 @@ class CeleryTransport:
         """Publish the task message to ``target`` with ``headers``, confirmed by the broker."""
         inbound = self.read(request)
         publish_copy(self._task.app, target, inbound.data, headers, JSON, "utf-8", request.id)
+        if target == self.dead_letters:  # counted once the broker took it
+            tries = headers.get(h.TRIES)
+            record_decision(
+                "dead-letter",
+                handler=self._task.name,
+                destination=self.queue,
+                message_id=self._message_id,
+                reason=str(headers.get(h.REASON, "")),
+                tries=tries if isinstance(tries, int) else None,
+            )
 
     def fits(self, request: Any, headers: Mapping[str, Any]) -> bool:
         """Celery's own messages carry these headers already: no limit is checked here."""

@@ -20,10 +20,13 @@ from typing import Any, Final
 
 from inbox.errors import InvalidMessage
 from inbox.outbox._arguments import InvalidArgumentType
+from inbox.outbox._row import PROPERTY_HEADERS
 
 __all__ = ["TaskMessage", "task_message"]
 
 _REPR_MAX: Final = 1024  # Celery's argsrepr_maxsize and kwargsrepr_maxsize
+_CORRELATION_ID, _REPLY_TO = PROPERTY_HEADERS  # the relay sends them as AMQP properties
+_SHORTSTR_MAX: Final = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +47,20 @@ def task_message(
     expires: dt.datetime | None,
     time_limit: float | None,
     soft_time_limit: float | None,
+    reply_to: str | None = None,
 ) -> TaskMessage:
-    """The protocol-2 message of the call ``name(*args, **kwargs)`` with id ``task_id``."""
+    """The protocol-2 message of the call ``name(*args, **kwargs)`` with id ``task_id``; its
+    AMQP ``correlation_id`` is the task id and ``reply_to`` the queue named, as Celery's
+    producer sets them (what the ``rpc://`` result backend replies to and matches on)."""
+    if reply_to is not None and (
+        not isinstance(reply_to, str)
+        or not reply_to
+        or len(reply_to.encode("utf-8")) > _SHORTSTR_MAX
+    ):
+        raise InvalidMessage(
+            f"reply_to must be a queue name (a non-empty str of at most {_SHORTSTR_MAX} "
+            f"bytes), got {reply_to!r}"
+        )
     if not isinstance(args, list | tuple):
         raise InvalidArgumentType(f"task args must be a list or tuple, got {type(args).__name__}")
     if not isinstance(kwargs, Mapping):
@@ -71,7 +86,10 @@ def task_message(
         "origin": f"gen{os.getpid()}@{socket.gethostname()}",
         "ignore_result": False,
         "replaced_task_nesting": 0,
+        _CORRELATION_ID: task,
     }
+    if reply_to is not None:
+        headers[_REPLY_TO] = reply_to
     if eta is not None:
         headers["eta"] = eta.isoformat()
     if expires is not None:

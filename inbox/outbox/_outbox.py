@@ -153,6 +153,7 @@ class Outbox:
         expires: float | dt.datetime | None = None,
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
+        reply_to: str | None = None,
     ) -> str:
         """Send the Celery task ``name(*args, **kwargs)`` if and only if ``session``'s
         transaction commits; return its task id.
@@ -164,8 +165,10 @@ class Outbox:
         UUIDv7) and is the message id too, so a relay that sends a row twice sends the same
         task twice: an inbox task (:mod:`inbox.celery`) runs it once. ``countdown``
         (seconds) or ``eta`` (an aware datetime) delay it; ``expires`` (seconds or an aware
-        datetime) drops it when late. Nothing of Celery is imported. Raises as
-        :meth:`publish` does; arguments must be JSON.
+        datetime) drops it when late. The message's AMQP ``correlation_id`` is the task id;
+        ``reply_to`` (for the ``rpc://`` result backend: the client app's
+        ``app.thread_oid``) is the queue its result goes to. Nothing of Celery is imported.
+        Raises as :meth:`publish` does; arguments must be JSON.
         """
         if countdown is not None and eta is not None:
             raise InvalidArgumentType("give countdown or eta, not both")
@@ -186,6 +189,7 @@ class Outbox:
             expires=expires,
             time_limit=time_limit,
             soft_time_limit=soft_time_limit,
+            reply_to=reply_to,
         )
         self.publish(
             session,

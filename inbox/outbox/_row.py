@@ -30,12 +30,20 @@ from inbox.errors import InvalidMessage
 from inbox.outbox._amqp_limits import check_headers
 
 __all__ = [
+    "PROPERTY_HEADERS",
     "OutboxRow",
     "headers_from_json",
     "headers_to_json",
     "row_from_mapping",
     "row_values",
 ]
+
+PROPERTY_HEADERS: Final = {
+    "x-inbox-correlation-id": "correlation_id",
+    "x-inbox-reply-to": "reply_to",
+}
+"""Stored headers the relay sends as the AMQP property they name, not as headers: a row has
+no column for them (``Outbox.send_task`` sets them for Celery's ``rpc://`` result backend)."""
 
 _BYTES: Final = "$bytes"
 _DATETIME: Final = "$datetime"

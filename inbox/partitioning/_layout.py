@@ -8,9 +8,10 @@ from typing import Final
 
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table
 
+from inbox._column_types import BinaryUUID, UTCDateTime
 from inbox.errors import ConfigurationError, InboxError, UnsupportedDialect
 from inbox.partitioning._ids import date_of
-from inbox.schema import BinaryUUID, UTCDateTime, resolve_table
+from inbox.schema import resolve_table
 
 __all__ = [
     "DEFAULT_DAYS_AHEAD",

@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import OID
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import Integer
 
-from inbox.schema import UTCDateTime
+from inbox._column_types import UTCDateTime
 
 __all__ = ["Step", "pg_step"]
 

@@ -25,10 +25,17 @@ from inbox.retention._effect_records import (
     has_effect_table,
 )
 from inbox.retention._sizing import DEFAULT_BATCH_SECONDS, BatchSizing
+from inbox.retention._task_results import (
+    count_expired_results,
+    delete_expired_results,
+    has_result_table,
+)
 from inbox.schema import (
     DEFAULT_EFFECT_TABLE_NAME,
+    DEFAULT_RESULT_TABLE_NAME,
     DEFAULT_TABLE_NAME,
     resolve_effect_table,
+    resolve_result_table,
     resolve_table,
 )
 
@@ -69,6 +76,9 @@ class CleanupReport:
     effects_deleted: int = 0
     """Effect records deleted with their claims (``Inbox.effect``); with ``dry_run``, the
     records that would be. Not counted in ``deleted``."""
+    results_deleted: int = 0
+    """Celery inbox tasks' stored return values deleted after the claims (same window); with
+    ``dry_run``, those that would be. Not counted in ``deleted``."""
 
 
 def cutoff_for(days: int, now: dt.datetime | None = None) -> dt.datetime:
@@ -99,6 +109,7 @@ def cleanup(
     effect_table: str | Table | None = DEFAULT_EFFECT_TABLE_NAME,
     batch_seconds: float = DEFAULT_BATCH_SECONDS,
     pause_seconds: float = 0.0,
+    result_table: str | Table | None = DEFAULT_RESULT_TABLE_NAME,
 ) -> CleanupReport:
     """Delete inbox claims whose ``processed_at`` is strictly older than ``now - days``.
 
@@ -117,17 +128,23 @@ def cleanup(
 
     The records of :meth:`inbox.Inbox.effect` in ``effect_table`` (in the same database;
     skipped when the table does not exist, or with ``effect_table=None``) go first, those
-    whose committed claim is past retention only: see docs/effects.md, "Cleanup".
+    whose committed claim is past retention only: see docs/effects.md, "Cleanup". The
+    return values of Celery inbox tasks in ``result_table`` (same database; skipped when it
+    does not exist, or with ``result_table=None``) stored before the cutoff go after the
+    claims, in batches sized the same way: see docs/celery.md, "The result table".
     """
     cutoff = cutoff_for(days, now)
     _check_batching(batch_size, batch_seconds, pause_seconds)
     inbox_table = resolve_table(table)
     effects = None if effect_table is None else resolve_effect_table(effect_table)
+    results = None if result_table is None else resolve_result_table(result_table)
     engine = bind if isinstance(bind, Engine) else create_engine(bind)
     started = time.perf_counter()
     try:
         if effects is not None and not has_effect_table(engine, effects):
             effects = None
+        if results is not None and not has_result_table(engine, results):
+            results = None
         if dry_run:
             with engine.connect() as connection:
                 expired = count_expired(connection, inbox_table, cutoff)
@@ -136,8 +153,15 @@ def cleanup(
                 if effects is None
                 else count_expired_effects(engine, effects, inbox_table, cutoff)
             )
+            stale = 0 if results is None else count_expired_results(engine, results, cutoff)
             return CleanupReport(
-                expired, 0, time.perf_counter() - started, cutoff, True, effects_deleted=gone
+                expired,
+                0,
+                time.perf_counter() - started,
+                cutoff,
+                True,
+                effects_deleted=gone,
+                results_deleted=stale,
             )
         # Effects first: while their claims are still there, no redelivery reads them.
         gone, _, effect_longest = (
@@ -154,10 +178,20 @@ def cleanup(
             deleted, batches, longest = delete_in_batches(engine, inbox_table, cutoff, sizing)
             elapsed = time.perf_counter() - started
             report = CleanupReport(deleted, batches, elapsed, cutoff, False, longest)
+        # Results after their claims: while a claim is there, a redelivery reads its result.
+        stale, _, result_longest = (
+            (0, 0, 0.0)
+            if results is None
+            else delete_expired_results(
+                engine, results, cutoff, effect_sizing(batch_size, batch_seconds)
+            )
+        )
         return dataclasses.replace(
             report,
-            longest_batch_seconds=max(report.longest_batch_seconds, effect_longest),
+            seconds=time.perf_counter() - started,
+            longest_batch_seconds=max(report.longest_batch_seconds, effect_longest, result_longest),
             effects_deleted=gone,
+            results_deleted=stale,
         )
     finally:
         if not isinstance(bind, Engine):

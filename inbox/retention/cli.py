@@ -195,6 +195,7 @@ def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]
                 dry_run=args.dry_run,
                 table=target.table,
                 effect_table=target.effect_table,
+                result_table=target.result_table,
             )
             lines.append(_summary(report, target.table.fullname + where, created))
     finally:
@@ -218,6 +219,9 @@ def _summary(report: CleanupReport, table: str, created: list[str]) -> str:
     if report.effects_deleted:
         verb = "would delete" if report.dry_run else "and"
         line += f", {verb} {report.effects_deleted} effect records of those claims"
+    if report.results_deleted:
+        verb = "would delete" if report.dry_run else "and"
+        line += f", {verb} {report.results_deleted} stored task results"
     if report.partitions_dropped or created:
         line += f", {len(report.partitions_dropped)} partitions dropped, {len(created)} created"
     return f"{line}, {report.seconds:.2f} s\n"

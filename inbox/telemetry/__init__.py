@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from inbox.telemetry._api import INSTRUMENTS, refresh
 from inbox.telemetry._context import extract_context, inject_context
-from inbox.telemetry._hooks import record_effect, record_outbox
+from inbox.telemetry._hooks import record_decision, record_effect, record_outbox
 
 __all__ = [
     "ENABLED",
     "extract_context",
     "inject_context",
+    "record_decision",
     "record_effect",
     "record_outbox",
     "refresh",

@@ -23,7 +23,7 @@ from kombu.connection import Connection
 
 from inbox._amqp.confirms import PERSISTENT, ConfirmTracker, corked, fits_in_frame
 from inbox.errors import InboxError
-from inbox.outbox._row import OutboxRow
+from inbox.outbox._row import PROPERTY_HEADERS, OutboxRow
 from inbox.outbox.relay._refusals import error_line
 
 __all__ = ["BatchPublisher", "BrokerLost", "Sent"]
@@ -236,13 +236,13 @@ class BatchPublisher:
         refused.clear()
 
     def _prepare(self, channel: Any, row: OutboxRow) -> Any:
+        headers = dict(row.headers)
+        properties = {"message_id": str(row.id), "type": row.type, "delivery_mode": PERSISTENT}
+        for header, name in PROPERTY_HEADERS.items():
+            if header in headers:
+                properties[name] = headers.pop(header)
         return channel.prepare_message(
-            row.body,
-            None,
-            row.content_type,
-            row.content_encoding,
-            dict(row.headers),
-            {"message_id": str(row.id), "type": row.type, "delivery_mode": PERSISTENT},
+            row.body, None, row.content_type, row.content_encoding, headers, properties
         )
 
     def _ready(self, row: OutboxRow, sent: Sent) -> Any:

@@ -204,7 +204,7 @@ def run_transport(transport: str, broker: str, options: argparse.Namespace) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--transports", default="rabbitmq,redis")
     parser.add_argument("--kill-every", type=float, default=2.0, help="seconds between kills")

@@ -187,7 +187,7 @@ def run() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--database-url", default=DATABASE)
     parser.add_argument("--broker", default=BROKER)
     parser.add_argument("--queue", default=QUEUE, help="the Celery queue (default: celery_orders)")

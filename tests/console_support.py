@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from html import unescape
 from typing import Any, Final
 
 from sqlalchemy import MetaData, select
@@ -169,6 +170,20 @@ def csrf_of(html: str) -> str:
     found = CSRF.search(html)
     assert found is not None, "the page has no form with a CSRF token"
     return found.group(1)
+
+
+HIDDEN: Final = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
+
+
+def confirmation(html: str) -> dict[str, list[str]]:
+    """The fields a confirmation page's form posts (its hidden inputs, each name with its
+    values in order): what its button sends."""
+    form = html.rsplit('<form method="post"', maxsplit=1)[-1].split("</form>", maxsplit=1)[0]
+    fields: dict[str, list[str]] = {}
+    for name, value in HIDDEN.findall(form):
+        fields.setdefault(name, []).append(unescape(value))
+    assert fields.get("confirmed") == ["yes"], "the page has no confirmation form"
+    return fields
 
 
 Check = Callable[[], bool]

@@ -28,6 +28,7 @@ from console_support import (
     SMS_HANDLER,
     TOKEN,
     Sms,
+    confirmation,
     csrf_of,
     dead_letter,
     declare_queues,
@@ -309,10 +310,7 @@ def test_replay_one_dead_letter_after_a_preview_and_a_confirmation(
     assert rabbit.depth(queue) == 0  # a preview moves nothing
     assert rabbit.depth(dead_letter_queue(queue)) == 2
 
-    done = client.post(
-        "/dead-letters/replay",
-        data={"csrf": csrf_of(preview.text), "queue": queue, "id": first, "confirmed": "yes"},
-    )
+    done = client.post("/dead-letters/replay", data=confirmation(preview.text))
     assert "replayed 1 of 2 dead letters" in done.text
     assert dlq_ids(rabbit, dead_letter_queue(queue)) == [second]
     (replayed,) = rabbit.take_all(queue)
@@ -321,10 +319,11 @@ def test_replay_one_dead_letter_after_a_preview_and_a_confirmation(
     assert h.REASON not in replayed.headers
     assert h.TRIES not in replayed.headers  # tries reset: it gets the worker's full retries
 
-    kept = client.post(
+    asked = client.post(
         "/dead-letters/replay",
-        data={"csrf": csrf, "queue": queue, "id": second, "keep_tries": "yes", "confirmed": "yes"},
+        data={"csrf": csrf, "queue": queue, "id": second, "keep_tries": "yes"},
     )
+    kept = client.post("/dead-letters/replay", data=confirmation(asked.text))
     assert "replayed 1 of 1" in kept.text
     (again,) = rabbit.take_all(queue)
     assert again.headers[h.TRIES] == 3  # one more failure dead-letters it again
@@ -349,10 +348,42 @@ def test_purge_a_filtered_set(pg_db: Database, rabbit: Rabbit, audit_lines: Audi
     bad = client.post("/dead-letters/purge", data={**form, "reason": "nonsense"})
     assert bad.status_code == 400
     assert "unknown reason" in bad.text
-    done = client.post("/dead-letters/purge", data={**form, "confirmed": "yes"})
+    done = client.post("/dead-letters/purge", data=confirmation(preview.text))
     assert "purged 2 of 3" in done.text
     assert dlq_ids(rabbit, dead_letter_queue(queue)) == [kept]
     assert any("action=dlq.purge count=2" in line for line in audit_lines())
+
+
+@pytest.mark.parametrize("command", ["replay", "purge"])
+def test_a_confirmation_takes_only_what_its_preview_showed(
+    pg_db: Database, rabbit: Rabbit, command: str
+) -> None:
+    """A dead letter that matches but arrived while the operator read the preview is left
+    in place: the confirmed run reads no further than the preview did."""
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    shown = [dead_letter(rabbit, queue, ref=ref) for ref in ("a", "b")]
+    client = signed_in(settings(pg_db, rabbit, (queue,)))
+    csrf = csrf_of(client.get(f"/dead-letters?queue={queue}").text)
+    form = {"csrf": csrf, "queue": queue, "reason": "handler-failed"}
+
+    preview = client.post(f"/dead-letters/{command}", data=form)
+    assert f"would {command} 2 of 2 dead letters" in preview.text
+    late = dead_letter(rabbit, queue, ref="late")  # dead-lettered during the think time
+    done = client.post(f"/dead-letters/{command}", data=confirmation(preview.text))
+    assert done.status_code == 200, done.text
+    done_verb = {"replay": "replayed", "purge": "purged"}[command]
+    assert f"{done_verb} 2 of 3 dead letters" in done.text
+    assert "1 not read (not read by the preview)" in done.text
+    assert "bounded to the preview: the first 2 dead letters, at most 2 taken" in done.text
+    assert dlq_ids(rabbit, dead_letter_queue(queue)) == [late]
+    if command == "replay":
+        assert [m.properties["message_id"] for m in rabbit.take_all(queue)] == shown
+
+    unpreviewed = client.post(f"/dead-letters/{command}", data={**form, "confirmed": "yes"})
+    assert unpreviewed.status_code == 400
+    assert "no preview to confirm" in unpreviewed.text
+    assert dlq_ids(rabbit, dead_letter_queue(queue)) == [late]
 
 
 HOSTILE = b'<script>alert("owned")</script><img src=x onerror=alert(1)>'

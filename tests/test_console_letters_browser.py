@@ -198,3 +198,24 @@ def test_the_replay_preview_lists_what_it_will_replay_and_at_most_counts_matches
     page.click("#confirm")
     assert "replayed 2 of 8" in page.text("#outcome")
     assert [m.properties["message_id"] for m in rabbit.take_all(queue)] == wanted
+
+
+def test_a_confirmed_purge_leaves_a_dead_letter_that_came_after_its_preview(
+    page: Page, console: Console, pg_db: Any, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue("mail")
+    declare_queues(rabbit, queue)
+    dead_letter(rabbit, queue, ref="a")
+    console.serve(settings(pg_db, rabbit, (queue,)))
+
+    sign_in(page)
+    page.open(f"/dead-letters?queue={queue}")
+    page.click("input[name='reason'][value='handler-failed']")
+    page.click("#purge-filtered")
+    assert page.text("#preview").startswith("would purge 1 of 1 dead letters")
+    late = dead_letter(rabbit, queue, ref="late")  # matches, but was never shown
+    page.click("#confirm")
+    outcome = page.text("#outcome")
+    assert "purged 1 of 2" in outcome
+    assert "bounded to the preview: the first 1 dead letters, at most 1 taken" in outcome
+    assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [late]

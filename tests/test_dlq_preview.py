@@ -74,7 +74,8 @@ def test_a_purge_lists_what_it_would_delete_before_it_asks(rabbit: Rabbit) -> No
     assert len(asked) == 1
     assert out.splitlines()[-1] == (
         f"purged 2 of 3 dead letters from {dlq} (read 3, matched 2); left: 1 not matching the "
-        "filters"
+        "filters (bounded to the preview: the first 3 dead letters, at most 2 taken; any "
+        "dead-lettered since are left in place)"
     )
     assert rabbit.depth(dlq) == 1
 
@@ -124,3 +125,35 @@ def test_dead_letters_without_a_message_id_are_handled_one_by_one(rabbit: Rabbit
     assert code == 0, err
     assert out.startswith(f"purged 1 of 2 dead letters from {dlq} (read 2, matched 1)")
     assert [m.body for m in rabbit.take_all(dlq)] == [b'{"n": 1}']
+
+
+def test_a_confirmed_purge_deletes_only_what_its_preview_listed(rabbit: Rabbit) -> None:
+    """A matching dead letter that arrives while the operator reads the question is left in
+    place: the purge reads no further than the preview did, and says so."""
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    for ref in ("a", "b"):
+        dead_letter(rabbit, queue, ref=ref)
+    dlq = dead_letter_queue(queue)
+    late: list[str] = []
+
+    def confirm(question: str) -> bool:
+        late.append(dead_letter(rabbit, queue, ref="late"))  # during the think time
+        return True
+
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main(
+        ["dlq", "purge", "--queue", queue, "--broker", rabbit.url],
+        stdout=out,
+        stderr=err,
+        confirm=confirm,
+    )
+    assert code == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"would purge 2 of 2 dead letters from {dlq} (read 2, matched 2)"
+    assert lines[-1] == (
+        f"purged 2 of 3 dead letters from {dlq} (read 2, matched 2); left: 1 not read (not "
+        "read by the preview) (bounded to the preview: the first 2 dead letters, at most 2 "
+        "taken; any dead-lettered since are left in place)"
+    )
+    assert [m.properties["message_id"] for m in rabbit.take_all(dlq)] == late

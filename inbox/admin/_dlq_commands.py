@@ -54,10 +54,12 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         args.older_than,
         frozenset(args.message_ids),
     )
+    preview = None
     if args.dlq_command == "purge" and not args.dry_run and not args.yes:
         asked = _confirmed(args, broker, filters, io)
-        if asked is not None:
+        if isinstance(asked, int):
             return asked
+        preview = asked
     with _dead_letters(broker) as source:
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
         if args.dlq_command == "replay":
@@ -81,6 +83,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
                 max_read=args.max_read,
                 dry_run=args.dry_run,
                 progress=progress,
+                preview=preview,
             )
     if progress is not None:
         io.err.write("\n")
@@ -116,10 +119,14 @@ def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     return EXIT_OK
 
 
-def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Streams) -> int | None:
+def _confirmed(
+    args: argparse.Namespace, broker: str, filters: Filters, io: Streams
+) -> int | _replay.PreviewBound:
     """Ask before a purge, after showing what it would take (a dry run on a channel or
     client of its own: what it read is back in place when the question is asked); without
-    a terminal, show it and refuse. None: go ahead; else the exit code."""
+    a terminal, show it and refuse. The exit code, or the bound of the purge confirmed: no
+    more than the preview read and took (a dead letter arriving while the operator reads
+    the question is not deleted unseen)."""
     with _dead_letters(broker) as source:
         preview = _replay.purge(
             source, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
@@ -132,7 +139,7 @@ def _confirmed(args: argparse.Namespace, broker: str, filters: Filters, io: Stre
         io.err.write("inbox: error: refusing to purge without --yes (no terminal to ask on)\n")
         return EXIT_USAGE
     if io.confirm(f"delete these dead letters of {preview.dead_letter_queue} for good?"):
-        return None
+        return _replay.PreviewBound.of(preview)
     io.err.write("inbox: nothing purged\n")
     return EXIT_USAGE
 

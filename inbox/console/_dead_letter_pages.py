@@ -163,6 +163,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     max_replays = whole_field(form_text(form, "max_replays"), "max replays") or 3
     confirmed = form_text(form, "confirmed") == "yes"
     keep_tries = form_text(form, "keep_tries") == "yes"
+    preview = _preview_bound(form) if confirmed else None
 
     def run(dry_run: bool) -> _replay.MoveReport:
         with _dlq.open_channel(broker) as channel:
@@ -176,8 +177,11 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
                     max_replays=max_replays,
                     keep_tries=keep_tries,
                     dry_run=dry_run,
+                    preview=preview,
                 )
-            return _replay.purge(source, queue, filters, limit=limit, dry_run=dry_run)
+            return _replay.purge(
+                source, queue, filters, limit=limit, dry_run=dry_run, preview=preview
+            )
 
     report = await run_in_threadpool(run, not confirmed)
     line = _render.move_line(report, command)
@@ -191,6 +195,8 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     fields += [("handler", x) for x in sorted(filters.handlers)]
     fields += [("id", x) for x in sorted(filters.message_ids)]
     fields += [("older_than", form_text(form, "older_than"))]
+    # The confirmed run reads and takes no more than this preview did (see _preview_bound).
+    fields += [("preview_read", str(report.examined)), ("preview_taken", str(report.moved))]
     if not confirmed:
         return render_page(
             request,
@@ -221,6 +227,16 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
         line=line,
         back=f"/dead-letters?{urlencode({'queue': queue})}",
     )
+
+
+def _preview_bound(form: FormData) -> _replay.PreviewBound:
+    """What the confirmed preview read and would take: the confirmed run goes no further,
+    so a dead letter that arrived while the operator read the preview is left in place."""
+    read = whole_field(form_text(form, "preview_read"), "preview read", minimum=0)
+    taken = whole_field(form_text(form, "preview_taken"), "preview taken", minimum=0)
+    if read is None or taken is None:
+        raise HttpProblem(400, "no preview to confirm: replay or purge from the preview page")
+    return _replay.PreviewBound(read, taken)
 
 
 @action

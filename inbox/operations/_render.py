@@ -80,14 +80,22 @@ def move_line(report: MoveReport, command: str) -> str:
         left.append(f"{len(report.replayed_too_often)} replayed too often already")
     unread = report.present - report.examined
     if unread > 0:
-        if report.limit_reached:
+        if report.after_preview:
+            why = "not read by the preview"
+        elif report.limit_reached:
             why = f"--limit {report.limit} reached"
         elif report.to_read < report.present:
             why = f"--max-read {report.to_read}"
         else:
             why = "taken meanwhile"
         left.append(f"{unread} not read ({why})")
-    return line + (f"; left: {', '.join(left)}" if left else "")
+    line += f"; left: {', '.join(left)}" if left else ""
+    if report.after_preview:
+        line += (
+            f" (bounded to the preview: the first {report.to_read} dead letters, at most "
+            f"{report.limit} taken; any dead-lettered since are left in place)"
+        )
+    return line
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

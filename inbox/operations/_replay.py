@@ -41,6 +41,7 @@ __all__ = [
     "DeadLetterSource",
     "HeldLetter",
     "MoveReport",
+    "PreviewBound",
     "RabbitDeadLetters",
     "purge",
     "replay",
@@ -71,6 +72,9 @@ class MoveReport:
     not_matching: int = 0
     replayed_too_often: list[DeadLetterRecord] = field(default_factory=list)
     taken: list[DeadLetterRecord] = field(default_factory=list)
+    after_preview: bool = False
+    """A confirmed run bounded to its preview (:class:`PreviewBound`): ``to_read`` is what the
+    preview read, ``limit`` what it would have taken; letters that came later are not read."""
 
     @property
     def limit_reached(self) -> bool:
@@ -82,6 +86,22 @@ class MoveReport:
         self.moved += 1
         if len(self.taken) < TAKEN_KEPT:
             self.taken.append(letter)
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewBound:
+    """What a preview (a dry run) read and would have taken: its confirmed run reads no
+    more than ``read`` letters and takes no more than ``taken``. Dead letters that arrive
+    while the operator reads the preview sit behind those it read (a dead-letter queue is
+    first in, first out), so the confirmed run never reaches them."""
+
+    read: int
+    taken: int
+
+    @classmethod
+    def of(cls, preview: MoveReport) -> PreviewBound:
+        """The bound of ``preview``'s confirmed run."""
+        return cls(preview.examined, preview.moved)
 
 
 class HeldLetter(Protocol):
@@ -125,14 +145,16 @@ def replay(
     keep_tries: bool = False,
     dry_run: bool = False,
     progress: Callable[[MoveReport], None] | None = None,
+    preview: PreviewBound | None = None,
 ) -> MoveReport:
     """Copy at most ``limit`` dead letters of ``queue`` that pass ``filters`` back to it,
     reading at most ``max_read`` (and never more than were present at the start): tries
     reset (the worker's failure headers removed, unless ``keep_tries``), :data:`REPLAYS`
-    incremented. Those replayed ``max_replays`` times already stay. Broker errors propagate;
+    incremented. Those replayed ``max_replays`` times already stay. With ``preview``, the
+    confirmation of a dry run: bounded to what it read and took. Broker errors propagate;
     whatever was not taken yet then stays in the dead-letter queue."""
     source.depth(queue)  # RabbitMQ: the queue must exist, or every copy would be returned
-    report = _report(source, queue, limit, max_read, dry_run)
+    report = _report(source, queue, limit, max_read, dry_run, preview=preview)
     for held in _bounded(source, report, filters, progress):
         letter = held.letter
         if letter.replays >= max_replays:
@@ -155,10 +177,11 @@ def purge(
     max_read: int | None = None,
     dry_run: bool = False,
     progress: Callable[[MoveReport], None] | None = None,
+    preview: PreviewBound | None = None,
 ) -> MoveReport:
     """Delete at most ``limit`` dead letters of ``queue`` that pass ``filters`` (one by
-    one), reading at most ``max_read``."""
-    report = _report(source, queue, limit, max_read, dry_run)
+    one), reading at most ``max_read``; with ``preview``, bounded as :func:`replay`."""
+    report = _report(source, queue, limit, max_read, dry_run, preview=preview)
     for held in _bounded(source, report, filters, progress):
         if dry_run:
             report.take(held.letter)
@@ -169,12 +192,23 @@ def purge(
 
 
 def _report(
-    source: DeadLetterSource, queue: str, limit: int | None, max_read: int | None, dry_run: bool
+    source: DeadLetterSource,
+    queue: str,
+    limit: int | None,
+    max_read: int | None,
+    dry_run: bool,
+    *,
+    preview: PreviewBound | None,
 ) -> MoveReport:
     dlq = dead_letter_queue(queue)
     present = source.depth(dlq)
+    if preview is not None:
+        max_read = preview.read if max_read is None else min(max_read, preview.read)
+        limit = preview.taken if limit is None else min(limit, preview.taken)
     to_read = present if max_read is None else min(present, max_read)
-    return MoveReport(queue, dlq, present, to_read, dry_run, limit)
+    return MoveReport(
+        queue, dlq, present, to_read, dry_run, limit, after_preview=preview is not None
+    )
 
 
 def _bounded(

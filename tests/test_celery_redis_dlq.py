@@ -8,14 +8,17 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from kombu import Connection, Queue
 from support.databases import Database
 from support.redis import REDIS_URL, redis_area
 from test_celery_worker import sender, until, worker
 
 from inbox.admin.cli import admin_main
+from inbox.operations import _redis_dead_letters
 from inbox.operations._dead_letters import REPLAYS
 
 BROKER = REDIS_URL.rsplit("/", 1)[0] + "/5"
@@ -236,3 +239,53 @@ def test_redis_dead_letters_without_an_id_are_named_by_sha256_and_moved_one_by_o
         assert out.startswith(f"purged 1 of 3 dead letters from {dead} (read 3, matched 1)")
         code, out = dlq("list", *on, "--json")
         assert [x["ref"] for x in json.loads(out)["dead_letters"]] == [refs[0], refs[2]]
+
+
+def test_a_redis_dead_letter_list_longer_than_a_page_is_read_a_page_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``list --limit N`` reads N entries, ``show``, replay and purge read pages of
+    :data:`PAGE` (3 here, in a list of 11) and take the right ones across page boundaries."""
+    replies: list[int] = []
+    lrange = redis.Redis.lrange
+
+    def recorded(self: redis.Redis, name: str, start: int, end: int) -> Any:
+        reply = lrange(self, name, start, end)
+        replies.append(len(reply))
+        return reply
+
+    monkeypatch.setattr(_redis_dead_letters, "PAGE", 3, raising=False)
+    with redis_area(BROKER) as area, area.client() as client:
+        queue = area.stream("q")
+        dead = f"{queue}.dlq"
+        wanted = {"x-inbox-reason": "handler-failed"}
+        other = {"x-inbox-reason": "unhandled-type"}
+        heads = [{**(wanted if n % 2 else other), "id": f"l{n}"} for n in range(11)]
+        letters(area.url, dead, *heads)
+        monkeypatch.setattr(redis.Redis, "lrange", recorded)
+        on = ["--broker", area.url, "--queue", queue]
+
+        code, out = dlq("list", *on, "--limit", "2")
+        assert code == 0
+        assert [line.split()[0] for line in out.splitlines()[1:]] == ["id=l0", "id=l1"]
+        assert replies == [2]
+
+        replies.clear()
+        code, out = dlq("show", *on, "l10")
+        assert code == 0
+        assert "header id: l10\n" in out
+        assert replies == [3, 3, 3, 2]  # the oldest last
+
+        replies.clear()
+        code, out = dlq("replay", *on, "--reason", "handler-failed", "--limit", "3")
+        assert out.startswith(f"replayed 3 of 11 dead letters from {dead} to {queue} (read 6,")
+        assert max(replies) <= 3
+        replayed = [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
+        assert replayed == ["l5", "l3", "l1"]  # pushed on the left: the newest first
+
+        replies.clear()
+        code, out = dlq("purge", *on, "--reason", "unhandled-type", "--yes")
+        assert out.startswith(f"purged 6 of 8 dead letters from {dead} (read 8, matched 6)")
+        assert max(replies) <= 3
+        left = [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(dead, 0, -1))]
+        assert left == ["l7", "l9"]

@@ -24,7 +24,11 @@ import redis
 from inbox.operations._dead_letters import DeadLetterRecord, dead_letter_queue
 from inbox.operations._replay import HeldLetter, replayed_headers
 
-__all__ = ["RedisDeadLetters", "is_redis", "open_redis"]
+__all__ = ["PAGE", "RedisDeadLetters", "is_redis", "open_redis"]
+
+PAGE: Final = 500
+"""The entries one ``LRANGE`` of a replay, a purge or ``show`` reads at most: a long
+dead-letter list is read a page at a time, never whole."""
 
 # Remove one entry from the dead-letter list and push its replayed copy, atomically; 0 when
 # the entry is gone already (taken by another replay or purge): nothing pushed.
@@ -69,7 +73,7 @@ class RedisDeadLetters:
         :attr:`~inbox.operations._dead_letters.DeadLetterRecord.ref`); None when there is
         none."""
         dlq = dead_letter_queue(queue)
-        for raw in self._oldest(dlq, self.depth(dlq)):
+        for raw in self._paged(dlq, self.depth(dlq)):
             envelope = _envelope(raw)
             if _record(envelope).ref == message_id:
                 properties = {
@@ -87,23 +91,47 @@ class RedisDeadLetters:
 
     def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
         """The oldest ``count`` entries of ``queue``'s dead-letter list at most, oldest
-        first (read in one ``LRANGE``; each moved alone)."""
+        first (read :data:`PAGE` at a time; each moved alone)."""
         dlq = dead_letter_queue(queue)
-        for raw in self._oldest(dlq, count):
-            yield _RedisLetter(self._client, raw, queue, dlq)
+        tally = _Tally()
+        for raw in self._paged(dlq, count, tally):
+            yield _RedisLetter(self._client, raw, queue, dlq, tally)
 
-    def _oldest(self, dlq: str, count: int) -> list[bytes]:
+    def _paged(self, dlq: str, count: int, tally: _Tally | None = None) -> Iterator[bytes]:
+        """The oldest ``count`` entries of ``dlq`` at most, oldest first, one page at a
+        time. The next page starts past the entries read that are still in the list (those
+        read less those ``tally`` counts moved); entries pushed meanwhile go on the other
+        end and do not shift it."""
+        done = 0
+        while done < count:
+            wanted = min(PAGE, count - done)
+            page = self._oldest(dlq, wanted, done - (0 if tally is None else tally.moved))
+            yield from page  # resumed past a page's last entry once that one is dealt with
+            done += len(page)
+            if len(page) < wanted:
+                return  # the list ended
+
+    def _oldest(self, dlq: str, count: int, skip: int = 0) -> list[bytes]:
+        """The ``count`` oldest entries after the ``skip`` oldest, oldest first."""
         if count <= 0:  # LRANGE -0 -1 would be the whole list
             return []
-        raw = cast("list[bytes]", self._client.lrange(dlq, -count, -1))
+        raw = cast("list[bytes]", self._client.lrange(dlq, -(skip + count), -(skip + 1)))
         return raw[::-1]  # pushed on the left: the oldest is last
+
+
+class _Tally:
+    """The entries of one reading moved out of the list (replayed or deleted, or found gone)."""
+
+    def __init__(self) -> None:
+        self.moved = 0
 
 
 class _RedisLetter:
     """One entry of a dead-letter list, as read (it stays in the list until moved)."""
 
-    def __init__(self, client: redis.Redis, raw: bytes, queue: str, dlq: str) -> None:
+    def __init__(self, client: redis.Redis, raw: bytes, queue: str, dlq: str, tally: _Tally):
         self._client = client
+        self._tally = tally
         self._raw = raw
         self._queue = queue
         self._dlq = dlq
@@ -122,10 +150,12 @@ class _RedisLetter:
         properties["delivery_tag"] = str(uuid.uuid4())
         properties["delivery_info"] = {"exchange": "", "routing_key": self._queue}
         copy["properties"] = properties
+        self._tally.moved += 1  # moved now, or taken by another run before: gone either way
         moved = self._client.eval(_MOVE, 2, self._dlq, self._queue, self._raw, json.dumps(copy))
         return bool(moved)
 
     def delete(self) -> bool:
+        self._tally.moved += 1  # deleted now, or taken by another run before
         # redis-py sends bytes as they are (its annotation says str).
         return bool(self._client.lrem(self._dlq, -1, self._raw))  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
-from console_support import TOKEN, settings
+from console_support import TOKEN, dead_letter, settings
 from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 from support.databases import Database
@@ -25,7 +25,8 @@ from inbox.broker._idle import run_until_idle
 from inbox.console import create_app
 from inbox.delivery import headers as h
 from inbox.message import KEY_NAMESPACE
-from inbox.operations._dead_letters import dead_letter_queue, open_channel
+from inbox.operations import _claims
+from inbox.operations._dead_letters import dead_letter_queue, open_channel, publish_confirmed
 
 RESERVE, CHARGE, AUDIT = "shop.reserve", "shop.charge", "shop.audit"
 
@@ -175,3 +176,51 @@ def test_handler_failed_carries_every_handler_claim_key(pg_db: Database) -> None
         CHARGE: claim_key("7").bytes,
         AUDIT: message.id.bytes,
     }
+
+
+def behind_two_others(rabbit: Rabbit, queue: str) -> None:
+    """Put two other dead letters in front of the queue's one (moved to the tail)."""
+    dlq = dead_letter_queue(queue)
+    with open_channel(rabbit.url) as channel:
+        letter = channel.basic_get(dlq, no_ack=False)
+        assert letter is not None
+        for ref in ("other-1", "other-2"):
+            dead_letter(rabbit, queue, ref=ref)
+        properties = {k: v for k, v in letter.properties.items() if k != "delivery_tag"}
+        publish_confirmed(channel, letter.body, properties, dlq)
+        channel.basic_ack(letter.delivery_tag)
+    assert rabbit.depth(dlq) == 3
+
+
+def test_the_dead_letter_lookup_reads_a_bounded_number_of_letters_and_says_so(
+    pg_db: Database,
+    rabbit: Rabbit,
+    dead_lettered: tuple[str, str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``show --queue`` and the claims page read the first ``DEAD_LETTERS_READ`` (2 here) of
+    a dead-letter queue, not all of it, and say when the letter may be further back."""
+    queue, message_id, _ = dead_lettered
+    behind_two_others(rabbit, queue)
+    monkeypatch.setattr(_claims, "DEAD_LETTERS_READ", 2, raising=False)
+    dlq = dead_letter_queue(queue)
+    said = f"read only the first 2 of the 3 dead letters in {dlq}: its dead letter may be further"
+
+    code, out = show(pg_db, message_id, "--queue", queue, "--broker", rabbit.url)
+    assert code == 0  # the audit's claim, under the message id
+    assert said in out
+    assert RESERVE not in out  # its dead letter, third, was not read
+    assert rabbit.depth(dlq) == 3
+
+    client = TestClient(create_app(settings(pg_db, rabbit, (queue,))))
+    page = client.get(
+        "/claims", params={"q": message_id}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert page.status_code == 200, page.text
+    assert said in page.text
+    assert f"<td>{RESERVE}</td>" not in page.text
+
+    monkeypatch.setattr(_claims, "DEAD_LETTERS_READ", 3)
+    code, out = show(pg_db, message_id, "--queue", queue, "--broker", rabbit.url)
+    assert f"{RESERVE}: processed at" in out  # within the bound: found through it
+    assert "read only the first" not in out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
 from console_support import dead_letter, declare_queues, settings
 from selenium.webdriver.common.by import By
 from support.rabbit import Rabbit
@@ -22,6 +23,7 @@ from support.worker import wait_until
 from test_console_browser import Console, Page, browser, console, page  # noqa: F401
 
 from inbox.delivery import headers as h
+from inbox.operations import _claims
 from inbox.operations._dead_letters import dead_letter_queue, open_channel, publish_confirmed
 
 NOW = dt.datetime.now(dt.UTC)
@@ -219,3 +221,26 @@ def test_a_confirmed_purge_leaves_a_dead_letter_that_came_after_its_preview(
     assert "purged 1 of 2" in outcome
     assert "bounded to the preview: the first 1 dead letters, at most 1 taken" in outcome
     assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [late]
+
+
+def test_the_claims_search_reads_a_bounded_part_of_a_long_dead_letter_queue(
+    page: Page, console: Console, pg_db: Any, rabbit: Rabbit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id no claim has is looked for in the first ``DEAD_LETTERS_READ`` dead letters (2
+    here) of each queue, and the page says when there were more."""
+    monkeypatch.setattr(_claims, "DEAD_LETTERS_READ", 2, raising=False)
+    queue = rabbit.queue("long")
+    declare_queues(rabbit, queue)
+    for ref in ("a", "b"):
+        dead_letter(rabbit, queue, ref=ref)
+    third = dead_letter(rabbit, queue, ref="c")
+    console.serve(settings(pg_db, rabbit, (queue,)))
+
+    sign_in(page)
+    page.open(f"/claims?q={third}")
+    assert page.text(".read-in-part") == (
+        f"read only the first 2 of the 3 dead letters in {dead_letter_queue(queue)}: its dead "
+        "letter may be further back (inbox dlq show ID reads them all)"
+    )
+    assert page.text("#not-found") == "No claim or effect record."
+    assert rabbit.depth(dead_letter_queue(queue)) == 3

@@ -136,6 +136,9 @@ def show(
         io.out.writelines(f"{line}\n" for line in _render.found_lines(found))
     else:
         io.out.write(f"no claim for {_asked(lookup.keys, args.handler)}\n")
+    for dlq, present in lookup.read_in_part:
+        line = _render.read_in_part_line(dlq, present, _claims.DEAD_LETTERS_READ)
+        io.out.write(f"{line}\n")
     if not found.claims and lookup.keys[0].how == "message id":
         io.out.writelines(f"{line}\n" for line in _render.message_id_hint(bool(args.queues)))
     return EXIT_OK if found.claims else EXIT_NOT_FOUND

@@ -68,6 +68,10 @@ async def claims(request: Request, user: User) -> Response:
         keys=lookup.keys if lookup else (),
         found=lookup.found if lookup else None,
         dead_letter_queue=lookup.dead_letter_queue if lookup else None,
+        read_in_part=[
+            _render.read_in_part_line(dlq, present, _claims.DEAD_LETTERS_READ)
+            for dlq, present in (lookup.read_in_part if lookup else ())
+        ],
         csrf=user.csrf,
     )
 

@@ -19,6 +19,7 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sqlalchemy import Connection, Engine, Table, delete, inspect, select
 
@@ -28,6 +29,7 @@ from inbox.message import IDEMPOTENCY_KEY_HEADER, key_bytes, parse_message_id
 from inbox.operations import _dead_letters
 
 __all__ = [
+    "DEAD_LETTERS_READ",
     "Claim",
     "Effect",
     "Found",
@@ -40,6 +42,11 @@ __all__ = [
     "lookup_keys",
     "release",
 ]
+
+
+DEAD_LETTERS_READ: Final = 1000
+"""The dead letters :func:`look_up` reads of each dead-letter queue at most (each held
+unacked while it reads): ``inbox dlq show`` reads them all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +96,14 @@ class Found:
 @dataclass(frozen=True, slots=True)
 class Lookup:
     """What :func:`look_up` found for what the operator typed: the keys it looked under, the
-    claims and effect records, and the dead-letter queue whose letter named further keys."""
+    claims and effect records, the dead-letter queue whose letter named further keys, and
+    the dead-letter queues read only in part (each with its depth: more than
+    :data:`DEAD_LETTERS_READ`, and the letter not among those read)."""
 
     keys: tuple[LookupKey, ...]
     found: Found
     dead_letter_queue: str | None = None
+    read_in_part: tuple[tuple[str, int], ...] = ()
 
 
 def look_up(
@@ -109,35 +119,45 @@ def look_up(
 ) -> Lookup:
     """The claims and effect records under ``text`` (:func:`lookup_keys`). When ``text`` is
     a message id and ``queues`` are given, its dead letter in their dead-letter queues (read
-    up to their depth, left in place) names the keys its handlers claim under, and the claims
-    are looked up under those too: one step from the id to the claims."""
+    the first :data:`DEAD_LETTERS_READ` of each, left in place) names the keys its handlers
+    claim under, and the claims are looked up under those too: one step from the id to the
+    claims."""
     keys = lookup_keys(text, business_key=business_key)
     found = find(engine, claims, effects, keys, handler)
     if not queues or broker is None or keys[0].how != "message id":
         return Lookup(keys, found)
-    letter = keys_in_dead_letters(broker, queues, str(keys[0].key))
+    in_part: list[tuple[str, int]] = []
+    letter = keys_in_dead_letters(broker, queues, str(keys[0].key), in_part)
     if letter is None:
-        return Lookup(keys, found)
+        return Lookup(keys, found, read_in_part=tuple(in_part))
     queue, named = letter
     more = tuple(k for k in named if all(k.key != asked.key for asked in keys))
     also = find(engine, claims, effects, more, handler)
     merged = Found(found.claims + also.claims, found.effects + also.effects)
-    return Lookup(keys + more, merged, queue)
+    return Lookup(keys + more, merged, queue, tuple(in_part))
 
 
 def keys_in_dead_letters(
-    broker: str, queues: Sequence[str], message_id: str
+    broker: str,
+    queues: Sequence[str],
+    message_id: str,
+    read_in_part: list[tuple[str, int]] | None = None,
 ) -> tuple[str, tuple[LookupKey, ...]] | None:
     """The first dead letter with ``message_id`` in the dead-letter queues of ``queues``
-    (read without taking it) that names claim keys: its queue and those keys (its
-    ``x-inbox-claim-keys``, its ``idempotency-key``). None when there is no such letter."""
+    (the first :data:`DEAD_LETTERS_READ` of each, read without taking them) that names
+    claim keys: its queue and those keys (its ``x-inbox-claim-keys``, its
+    ``idempotency-key``). None when there is no such letter. A queue read only in part,
+    the letter not found, is added to ``read_in_part`` with its depth."""
     for queue in queues:
         dlq = _dead_letters.dead_letter_queue(queue)
-        if not _dead_letters.depth_if_present(broker, dlq):
+        present = _dead_letters.depth_if_present(broker, dlq)
+        if not present:
             continue  # none, or no dead-letter queue: nothing was dead-lettered from there
         with _dead_letters.open_channel(broker) as channel:  # closed: the letters are back
-            message = _dead_letters.find(channel, queue, message_id)
+            message = _dead_letters.find(channel, queue, message_id, DEAD_LETTERS_READ)
         if message is None:
+            if present > DEAD_LETTERS_READ and read_in_part is not None:
+                read_in_part.append((dlq, present))
             continue
         keys = _keys_of_headers(message.properties.get("application_headers") or {}, dlq)
         if keys:

@@ -219,12 +219,16 @@ def peek(channel: amqp.Channel, queue: str, limit: int) -> tuple[int, list[DeadL
     return present, letters
 
 
-def find(channel: amqp.Channel, queue: str, message_id: str) -> amqp.Message | None:
+def find(
+    channel: amqp.Channel, queue: str, message_id: str, max_read: int | None = None
+) -> amqp.Message | None:
     """The first dead letter of ``queue`` with ``message_id`` (or, for one without a message
-    id, that :attr:`DeadLetterRecord.ref`) among those present now, read without taking it
-    (every message read is held until the channel closes)."""
+    id, that :attr:`DeadLetterRecord.ref`) among those present now (the first ``max_read``
+    of them at most), read without taking it (every message read is held until the channel
+    closes)."""
     dlq = dead_letter_queue(queue)
-    for _ in range(depth(channel, dlq)):
+    present = depth(channel, dlq)
+    for _ in range(present if max_read is None else min(present, max_read)):
         message = channel.basic_get(dlq, no_ack=False)
         if message is None:
             break

@@ -46,6 +46,14 @@ def found_lines(found: Found) -> Iterator[str]:
         )
 
 
+def read_in_part_line(dead_letter_queue: str, present: int, read: int) -> str:
+    """That a lookup read only the first ``read`` of a dead-letter queue's letters."""
+    return (
+        f"read only the first {read:,} of the {present:,} dead letters in {dead_letter_queue}: "
+        f"its dead letter may be further back (inbox dlq show ID reads them all)"
+    )
+
+
 def message_id_hint(looked_in_dead_letters: bool) -> Iterator[str]:
     """Why a message id finds no claim, and where the keys are (``inbox show``)."""
     yield (

@@ -7,8 +7,11 @@ taken for "not connected" or "not from JetStream"."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,9 +20,14 @@ import pytest
 from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from support.aio import run
-from support.databases import cannot_run
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from support.aio import async_engine, record_effect, run
+from support.databases import Database, cannot_run
 
+from inbox import Message
+from inbox.aio import AsyncInbox
+from inbox.broker import RetryPolicy
+from inbox.faststream import subscribe_nats_stream
 from inbox.faststream._nats_consumer import RetryHistory
 from inbox.faststream._nats_transport import NatsTransport, _metadata
 
@@ -27,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.cluster.jetstream import NATS_SERVER, NatsCluster
 
+HANDLER = "ops.apply"
 WAIT = 60.0
 
 
@@ -79,3 +88,83 @@ def test_only_not_connected_and_not_from_jetstream_are_taken_as_such(
     assert before == (None, False)
     assert during == (1024 * 1024, False)
     assert found is None
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {WAIT:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def test_a_retry_history_that_is_not_a_json_object_is_ignored_with_a_warning(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever else wrote to the bucket (not JSON, not UTF-8, a JSON list or number) costs
+    the dead letter its first-failure headers, not the delivery: recall raised out of the
+    edge's handle, and JetStream delivered the message again until max_deliver dropped it."""
+    stream = f"orders_{uuid.uuid4().hex[:8]}"
+    written = {1: b"not json", 2: b"\xff\xfe", 3: b"[1, 2]", 4: b"42", 5: b'{"x-inbox-error": "e"}'}
+
+    async def main() -> dict[int, dict[str, str]]:
+        broker = NatsBroker(nats_url, logger=None)
+        history = RetryHistory(broker, stream, "inbox", 1)
+        async with broker:
+            await broker.connect()
+            kv = await broker.key_value(f"{stream}_inbox_retries")
+            for sequence, value in written.items():
+                await kv.put(f"inbox.{sequence}", value)
+            return {sequence: await history.recall(sequence) for sequence in written}
+
+    with caplog.at_level(logging.WARNING, logger="inbox.faststream"):
+        recalled = run(main())
+
+    assert recalled == {1: {}, 2: {}, 3: {}, 4: {}, 5: {"x-inbox-error": "e"}}
+    warned = [r.getMessage() for r in caplog.records if "not a JSON object" in r.getMessage()]
+    assert [line.split(":")[0] for line in warned] == [f"stream sequence {n}" for n in range(1, 5)]
+    assert "JSONDecodeError" in warned[0]
+    assert "a JSON list" in warned[2]
+
+
+def test_a_consumer_check_jetstream_does_not_answer_is_made_again_and_deliveries_go_on(
+    pg_db: Database, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The consumer's max_deliver cannot be looked up (here: the edge asks for a consumer
+    JetStream does not have): each delivery is processed and acked, each logs the check
+    that failed, and the check stays due. The lookup's error used to escape the edge: no
+    delivery processed, each one back after ack_wait until max_deliver dropped it."""
+    tag = uuid.uuid4().hex[:8]
+    subject, stream = f"orders-{tag}", f"orders_{tag}"
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        await record_effect(message, session, HANDLER)
+
+    async def main() -> Any:
+        async with async_engine(pg_db, "asyncpg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            inbox.handler("op", name=HANDLER)(handler)
+            broker = NatsBroker(nats_url, logger=None)
+            subscription = subscribe_nats_stream(
+                broker, inbox, subject, stream=stream, durable="inbox", retry=RetryPolicy()
+            )
+            edge: Any = subscription.edge
+            edge.consumer = (stream, "not-there", 7)
+            async with broker:
+                await broker.start()
+                for ref in ("a", "b"):
+                    headers = {"message_id": str(uuid.uuid4()), "type": "op"}
+                    await broker.publish({"ref": ref}, subject, headers=headers, stream=stream)
+                await until(lambda: subscription.stats.acked == 2, "2 acked")
+            return subscription, edge.consumer
+
+    with caplog.at_level(logging.WARNING, logger="inbox.faststream"):
+        subscription, due = run(main())
+
+    assert pg_db.effect_counts() == {("a", HANDLER): 1, ("b", HANDLER): 1}
+    assert subscription.halted_by is None
+    assert due == (stream, "not-there", 7)
+    warned = [r.getMessage() for r in caplog.records if "could not be checked" in r.getMessage()]
+    assert len(warned) == 2
+    assert warned[0].startswith(f"consumer 'not-there' of stream '{stream}'")
+    assert "NotFoundError" in warned[0]

@@ -151,7 +151,8 @@ class NatsTransport(FastStreamTransport):
 
 class NatsEdge(InboxEdge):
     """The edge with what only JetStream needs around each delivery: the consumer's
-    ``max_deliver`` checked once before the first, a retried message's failure history
+    ``max_deliver`` checked once before the first (before the next one too while JetStream
+    does not answer the lookup), a retried message's failure history
     read before and purged after it is settled, and a stop when the connection is closed
     (FastStream's pull loop would otherwise spin on it)."""
 
@@ -197,7 +198,7 @@ class NatsEdge(InboxEdge):
                 return True
             stream, durable, wanted = self.consumer
             try:
-                await ensure_max_deliver(
+                checked = await ensure_max_deliver(
                     self.transport.broker,
                     stream,
                     durable,
@@ -210,7 +211,11 @@ class NatsEdge(InboxEdge):
                 await self.transport.give_back(msg)
                 self.transport.stop(exc)  # raises StopConsume
                 return False
-            self.consumer = None
+            if checked:
+                self.consumer = None
+            # Not checked (JetStream did not answer): this delivery goes on, the next one
+            # checks again. Giving each back instead would spend their max_deliver while
+            # JetStream stays unreachable.
             return True
 
 

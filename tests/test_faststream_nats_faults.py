@@ -168,3 +168,68 @@ def test_a_consumer_check_jetstream_does_not_answer_is_made_again_and_deliveries
     assert len(warned) == 2
     assert warned[0].startswith(f"consumer 'not-there' of stream '{stream}'")
     assert "NotFoundError" in warned[0]
+
+
+@pytest.fixture(scope="module")
+def small_nats_url() -> Iterator[str]:
+    """A JetStream server whose ``max_payload`` (headers and body) is 8 KiB."""
+    if not Path(NATS_SERVER).exists():
+        cannot_run(f"nats-server not installed ({NATS_SERVER})")
+    with NatsCluster(1, first_port=4951, max_payload=8192) as server:
+        yield server.urls()[0]
+
+
+def test_a_dead_letter_whose_body_leaves_no_room_for_its_headers_goes_without_the_body(
+    pg_db: Database, small_nats_url: str
+) -> None:
+    """The message fits the 8 KiB limit with its own few headers; its dead letter, even
+    trimmed to the bookkeeping, does not. It goes to the dead letters without its body,
+    named in the error, the message itself still in its stream at the sequence the dead
+    letter's Nats-Msg-Id gives. It used to be refused as a copy: the delivery held, tried
+    again and again, until JetStream dropped it at max_deliver with no dead letter."""
+    tag = uuid.uuid4().hex[:8]
+    subject, stream = f"orders-{tag}", f"orders_{tag}"
+    pad = "x" * 7900
+
+    async def handler(message: Message, session: AsyncSession) -> None:
+        await record_effect(message, session, HANDLER)
+        if message.body["ref"] == "full":
+            raise RuntimeError("full fails: " + "e" * 900)
+
+    async def main() -> Any:
+        async with async_engine(pg_db, "asyncpg") as engine:
+            inbox = AsyncInbox(async_sessionmaker(engine))
+            inbox.handler("op", name=HANDLER)(handler)
+            broker = NatsBroker(small_nats_url, logger=None)
+            subscription = subscribe_nats_stream(
+                broker,
+                inbox,
+                subject,
+                stream=stream,
+                durable="inbox",
+                retry=RetryPolicy(delays=(0.05,), max_tries=1),
+            )
+            async with broker:
+                await broker.start()
+                for body in ({"ref": "full", "pad": pad}, {"ref": "after"}):
+                    headers = {"message_id": str(uuid.uuid4()), "type": "op"}
+                    await broker.publish(body, subject, headers=headers, stream=stream)
+                await until(lambda: subscription.stats.acked == 2, "2 settled")
+                js = broker.connection.jetstream()
+                dead = await js.get_msg(f"{stream}_dlq", 1)
+                original = await js.get_msg(stream, 1)
+            return subscription.stats, dead, original
+
+    stats, dead, original = run(main())
+
+    assert pg_db.effect_counts() == {("after", HANDLER): 1}
+    assert stats.dead_letter_reasons["copy-too-large"] == 1
+    headers = {k: str(v) for k, v in (dead.headers or {}).items()}
+    assert not dead.data
+    assert headers["x-inbox-reason"] == "copy-too-large"
+    assert headers["x-inbox-tries"] == "1"
+    error = headers["x-inbox-error"]
+    assert error.startswith(f"the body ({len(original.data)} bytes) was dropped")
+    assert "the copy did not fit" in error
+    assert headers["Nats-Msg-Id"] == f"{stream}:1:dead-letter"
+    assert b'"ref": "full"' in original.data or b'"ref":"full"' in original.data

@@ -21,7 +21,7 @@ from nats.js.errors import Error as JetStreamError
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
 from inbox.delivery._inbound import Inbound
-from inbox.delivery._policy import Halt
+from inbox.delivery._policy import DeadLetterReason, Halt
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import ConfigurationError, CopyRefused
 from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of, logger
@@ -31,13 +31,16 @@ __all__ = ["NatsEdge", "NatsTransport"]
 
 _HEADER_LINE: Final = b"NATS/1.0\r\n"
 _ADDED_BY_FASTSTREAM: Final = 256  # its content-type, nats-py's Nats-Expected-Stream
+# What a dead letter without its body no longer says (an empty body has no encoding).
+_DESCRIBE_THE_BODY: Final = frozenset(("content-type", "content-encoding", "compression"))
 
 
 class NatsTransport(FastStreamTransport):
     """A retry is JetStream's redelivery (a NAK with the delay) after its failure headers
     are kept (:class:`RetryHistory`); a dead letter is published to ``<subject>.dlq`` and
     acknowledged by JetStream, and fits the server's ``max_payload`` (headers and body) or
-    is planned trimmed. Both streams are declared when the broker starts."""
+    is planned trimmed, its error cut or its body dropped to fit. Both streams are declared
+    when the broker starts."""
 
     def __init__(
         self,
@@ -119,14 +122,15 @@ class NatsTransport(FastStreamTransport):
                 await (msg.nack(delay=delay) if isinstance(msg, NatsMessage) else msg.nack())
                 return
             sent = self._dead_letter_headers(msg, headers)
+            body = msg.body
             limit = self.max_payload()
             if limit is not None:
                 # A trimmed dead letter is not measured by the plan; one over the limit
                 # would make the server close the connection, for good.
-                sent = _cut_to_fit(msg.body, sent, limit)
+                body, sent = _fitted(body, sent, limit)
             correlation_id = sent.pop("correlation_id")
             await self.broker.publish(
-                msg.body,
+                body,
                 target,
                 headers=sent,
                 correlation_id=correlation_id,
@@ -226,20 +230,39 @@ def _wire_size(body: bytes, headers: Mapping[str, str]) -> int:
     return len(_HEADER_LINE) + block + 2 + len(body) + _ADDED_BY_FASTSTREAM
 
 
-def _cut_to_fit(body: bytes, headers: dict[str, str], limit: int) -> dict[str, str]:
+def _fitted(body: bytes, headers: dict[str, str], limit: int) -> tuple[bytes, dict[str, str]]:
+    """The dead letter's body and headers, fitted to ``limit``: as they are, with the error
+    cut short, or, when the body leaves no room for the headers, without the body (named in
+    the error; the message stays in its stream, at the sequence its ``Nats-Msg-Id`` names).
+    :class:`CopyRefused` only when the headers alone are over the limit."""
+    cut = _cut_to_fit(body, headers, limit)
+    if cut is not None:
+        return body, cut
+    unread = {k: v for k, v in headers.items() if k not in _DESCRIBE_THE_BODY}
+    unread[h.REASON] = str(DeadLetterReason.COPY_TOO_LARGE)
+    unread[h.ERROR] = (
+        f"the body ({len(body)} bytes) was dropped: the dead letter did not fit the "
+        f"broker's size limit; {headers.get(h.ERROR, '')}"
+    )
+    cut = _cut_to_fit(b"", unread, limit)
+    if cut is not None:
+        return b"", cut
+    raise CopyRefused(
+        f"the dead letter's headers alone are over the server's max_payload={limit}, even trimmed"
+    )
+
+
+def _cut_to_fit(body: bytes, headers: dict[str, str], limit: int) -> dict[str, str] | None:
     """``headers`` with the error cut short enough for the dead letter to fit ``limit``;
-    :class:`CopyRefused` when even that is not enough (the body alone is too large)."""
+    None when even that is not enough."""
     over = _wire_size(body, headers) - limit
     if over <= 0:
         return headers
-    error = headers.get(h.ERROR, "")
-    if over + len("…") < len(error.encode()):
-        cut = error.encode()[: len(error.encode()) - over - len("…".encode())]
+    error = headers.get(h.ERROR, "").encode()
+    if over + len("…".encode()) < len(error):
+        cut = error[: len(error) - over - len("…".encode())]
         return {**headers, h.ERROR: cut.decode("utf-8", "ignore") + "…"}
-    raise CopyRefused(
-        f"the dead letter is {over} bytes over the server's max_payload={limit} even with "
-        "its headers trimmed"
-    )
+    return None
 
 
 def _metadata(msg: StreamMessage[Any]) -> Any:

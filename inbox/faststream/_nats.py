@@ -12,8 +12,9 @@ raised first). A NAK carries no headers: a retry's failure headers are kept in a
 bucket and read back on the redelivery (:mod:`inbox.faststream._nats_consumer`). A dead
 letter is published to ``<subject>.dlq``, captured by the stream ``<stream>_dlq``, and
 acknowledged by JetStream (its ``PubAck``) before the delivery is acked; one over the
-server's ``max_payload`` goes trimmed. The transport and the edge are in
-:mod:`inbox.faststream._nats_transport`; what this cannot promise is in docs/faststream.md.
+server's ``max_payload`` goes trimmed (without its body when that alone leaves no room).
+The transport and the edge are in :mod:`inbox.faststream._nats_transport`; what this
+cannot promise is in docs/faststream.md.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ retry copy carries on RabbitMQ (``x-inbox-first-failure``, ``-last-failure``, ``
 They are written to the bucket ``<stream>_inbox_retries`` under ``<durable>.<stream
 sequence>``, confirmed by JetStream before the ``NAK`` (a refused write is a refused copy:
 the delivery is held and the write tried again), read back when the message is delivered
-again, and purged once it is acked or dead-lettered. The bucket's TTL removes what a purge
-missed.
+again (a value that is not a JSON object is ignored with a warning), and purged once it
+is acked or dead-lettered. The bucket's TTL removes what a purge missed.
 """
 
 from __future__ import annotations
@@ -94,7 +94,23 @@ class RetryHistory:
                 exc,
             )
             return {}
-        kept = json.loads(entry.value or b"{}")
+        problem: str | None
+        try:
+            kept = json.loads(entry.value or b"{}")
+        except ValueError as exc:  # not JSON, or not UTF-8
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            problem = None if isinstance(kept, dict) else f"a JSON {type(kept).__name__}"
+        if problem is not None:
+            # Not written by this edge: only what the dead letter says is at stake.
+            logger.warning(
+                "stream sequence %d: its retry history in %s is not a JSON object (%s); "
+                "going on without it",
+                sequence,
+                self.bucket,
+                problem,
+            )
+            return {}
         return {str(k): str(v) for k, v in kept.items() if k in HISTORY_HEADERS}
 
     async def forget(self, sequence: int) -> None:
@@ -114,20 +130,32 @@ class RetryHistory:
 
 async def ensure_max_deliver(
     broker: NatsBroker, stream: str, durable: str, *, wanted: int, max_tries: int
-) -> None:
+) -> bool:
     """Raise the durable consumer's ``max_deliver`` to ``wanted`` when it is lower.
 
     ``pull_subscribe`` only looks an existing durable up, so a consumer made by an earlier
     deployment keeps its own ``max_deliver``: below ``max_tries`` JetStream would stop
     delivering a failing message before the edge dead-letters it. Raises
     :class:`~inbox.ConfigurationError` (one line naming the consumer and the settings) when
-    the consumer is below ``max_tries`` and cannot be updated.
+    the consumer is below ``max_tries`` and cannot be updated. False (and a warning) when
+    the consumer could not be looked up: the check is to be made again.
     """
     js = broker.connection.jetstream()
-    info = await js.consumer_info(stream, durable)
+    try:
+        info = await js.consumer_info(stream, durable)
+    except (NatsError, ConnectionError, TimeoutError) as exc:
+        logger.warning(
+            "consumer %r of stream %r: its max_deliver could not be checked (%s: %s); "
+            "checking again on the next delivery",
+            durable,
+            stream,
+            type(exc).__name__,
+            exc,
+        )
+        return False
     current = info.config.max_deliver
     if current is None or current <= 0 or current >= wanted:
-        return  # unlimited (-1), or enough
+        return True  # unlimited (-1), or enough
     info.config.max_deliver = wanted
     try:
         await js.add_consumer(stream, info.config)
@@ -141,7 +169,7 @@ async def ensure_max_deliver(
                 wanted,
                 exc,
             )
-            return
+            return True
         raise ConfigurationError(
             f"consumer {durable!r} of stream {stream!r} has max_deliver={current}, below the "
             f"retry policy's max_tries={max_tries}, and could not be raised to {wanted}: {exc}"
@@ -154,3 +182,4 @@ async def ensure_max_deliver(
         wanted,
         max_tries,
     )
+    return True

@@ -9,17 +9,19 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Final
 
+from faststream.exceptions import IncorrectState
 from faststream.message import AckStatus, StreamMessage
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
 from nats.errors import ConnectionClosedError as NatsConnectionClosed
 from nats.errors import Error as NatsError
+from nats.errors import NotJSMessageError
 from nats.js.errors import Error as JetStreamError
 
 from inbox.aio import AsyncInbox
 from inbox.delivery import headers as h
 from inbox.delivery._inbound import Inbound
-from inbox.delivery._policy import Halt
+from inbox.delivery._policy import DeadLetterReason, Halt
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import ConfigurationError, CopyRefused
 from inbox.faststream._edge import FastStreamTransport, InboxEdge, compression_of, logger
@@ -29,13 +31,16 @@ __all__ = ["NatsEdge", "NatsTransport"]
 
 _HEADER_LINE: Final = b"NATS/1.0\r\n"
 _ADDED_BY_FASTSTREAM: Final = 256  # its content-type, nats-py's Nats-Expected-Stream
+# What a dead letter without its body no longer says (an empty body has no encoding).
+_DESCRIBE_THE_BODY: Final = frozenset(("content-type", "content-encoding", "compression"))
 
 
 class NatsTransport(FastStreamTransport):
     """A retry is JetStream's redelivery (a NAK with the delay) after its failure headers
     are kept (:class:`RetryHistory`); a dead letter is published to ``<subject>.dlq`` and
     acknowledged by JetStream, and fits the server's ``max_payload`` (headers and body) or
-    is planned trimmed. Both streams are declared when the broker starts."""
+    is planned trimmed, its error cut or its body dropped to fit. Both streams are declared
+    when the broker starts."""
 
     def __init__(
         self,
@@ -75,9 +80,10 @@ class NatsTransport(FastStreamTransport):
     def max_payload(self) -> int | None:
         """The server's limit on a message, headers and body (its INFO ``max_payload``)."""
         try:
-            return int(self.broker.connection.max_payload)
-        except Exception:  # not connected: the copy is refused, the delivery comes back
+            limit = self.broker.connection.max_payload
+        except IncorrectState:  # not connected: the copy is refused, the delivery comes back
             return None
+        return limit if isinstance(limit, int) else None  # a test broker's mock has none
 
     def fits(self, msg: StreamMessage[Any], headers: Mapping[str, Any]) -> bool:
         if headers.get(h.REASON) is None:
@@ -116,14 +122,15 @@ class NatsTransport(FastStreamTransport):
                 await (msg.nack(delay=delay) if isinstance(msg, NatsMessage) else msg.nack())
                 return
             sent = self._dead_letter_headers(msg, headers)
+            body = msg.body
             limit = self.max_payload()
             if limit is not None:
                 # A trimmed dead letter is not measured by the plan; one over the limit
                 # would make the server close the connection, for good.
-                sent = _cut_to_fit(msg.body, sent, limit)
+                body, sent = _fitted(body, sent, limit)
             correlation_id = sent.pop("correlation_id")
             await self.broker.publish(
-                msg.body,
+                body,
                 target,
                 headers=sent,
                 correlation_id=correlation_id,
@@ -140,14 +147,16 @@ class NatsTransport(FastStreamTransport):
     def closed(self) -> bool:
         """Whether the broker's connection is closed for good."""
         try:
-            return bool(self.broker.connection.is_closed)
-        except Exception:  # no connection to ask (a test broker): nothing says it closed
+            closed = self.broker.connection.is_closed
+        except IncorrectState:  # never connected, or stopped: nothing says it closed
             return False
+        return closed is True  # a test broker's mock connection answers a mock
 
 
 class NatsEdge(InboxEdge):
     """The edge with what only JetStream needs around each delivery: the consumer's
-    ``max_deliver`` checked once before the first, a retried message's failure history
+    ``max_deliver`` checked once before the first (before the next one too while JetStream
+    does not answer the lookup), a retried message's failure history
     read before and purged after it is settled, and a stop when the connection is closed
     (FastStream's pull loop would otherwise spin on it)."""
 
@@ -193,7 +202,7 @@ class NatsEdge(InboxEdge):
                 return True
             stream, durable, wanted = self.consumer
             try:
-                await ensure_max_deliver(
+                checked = await ensure_max_deliver(
                     self.transport.broker,
                     stream,
                     durable,
@@ -206,7 +215,11 @@ class NatsEdge(InboxEdge):
                 await self.transport.give_back(msg)
                 self.transport.stop(exc)  # raises StopConsume
                 return False
-            self.consumer = None
+            if checked:
+                self.consumer = None
+            # Not checked (JetStream did not answer): this delivery goes on, the next one
+            # checks again. Giving each back instead would spend their max_deliver while
+            # JetStream stays unreachable.
             return True
 
 
@@ -217,26 +230,45 @@ def _wire_size(body: bytes, headers: Mapping[str, str]) -> int:
     return len(_HEADER_LINE) + block + 2 + len(body) + _ADDED_BY_FASTSTREAM
 
 
-def _cut_to_fit(body: bytes, headers: dict[str, str], limit: int) -> dict[str, str]:
+def _fitted(body: bytes, headers: dict[str, str], limit: int) -> tuple[bytes, dict[str, str]]:
+    """The dead letter's body and headers, fitted to ``limit``: as they are, with the error
+    cut short, or, when the body leaves no room for the headers, without the body (named in
+    the error; the message stays in its stream, at the sequence its ``Nats-Msg-Id`` names).
+    :class:`CopyRefused` only when the headers alone are over the limit."""
+    cut = _cut_to_fit(body, headers, limit)
+    if cut is not None:
+        return body, cut
+    unread = {k: v for k, v in headers.items() if k not in _DESCRIBE_THE_BODY}
+    unread[h.REASON] = str(DeadLetterReason.COPY_TOO_LARGE)
+    unread[h.ERROR] = (
+        f"the body ({len(body)} bytes) was dropped: the dead letter did not fit the "
+        f"broker's size limit; {headers.get(h.ERROR, '')}"
+    )
+    cut = _cut_to_fit(b"", unread, limit)
+    if cut is not None:
+        return b"", cut
+    raise CopyRefused(
+        f"the dead letter's headers alone are over the server's max_payload={limit}, even trimmed"
+    )
+
+
+def _cut_to_fit(body: bytes, headers: dict[str, str], limit: int) -> dict[str, str] | None:
     """``headers`` with the error cut short enough for the dead letter to fit ``limit``;
-    :class:`CopyRefused` when even that is not enough (the body alone is too large)."""
+    None when even that is not enough."""
     over = _wire_size(body, headers) - limit
     if over <= 0:
         return headers
-    error = headers.get(h.ERROR, "")
-    if over + len("…") < len(error.encode()):
-        cut = error.encode()[: len(error.encode()) - over - len("…".encode())]
+    error = headers.get(h.ERROR, "").encode()
+    if over + len("…".encode()) < len(error):
+        cut = error[: len(error) - over - len("…".encode())]
         return {**headers, h.ERROR: cut.decode("utf-8", "ignore") + "…"}
-    raise CopyRefused(
-        f"the dead letter is {over} bytes over the server's max_payload={limit} even with "
-        "its headers trimmed"
-    )
+    return None
 
 
 def _metadata(msg: StreamMessage[Any]) -> Any:
     try:
         return msg.raw_message.metadata
-    except Exception:  # not a JetStream delivery (a test broker's message)
+    except NotJSMessageError:  # not a JetStream delivery (a test broker's message)
         return None
 
 

@@ -263,3 +263,36 @@ def test_naming_the_tenant_by_its_old_identity_keeps_its_keys_with_an_effect_sto
     assert provider.calls == [old]
     assert statuses(store) == {old: ("done", 2)}
 
+
+def test_a_search_path_set_in_the_pools_connect_event_keys_tenants_apart(
+    tenants: SearchPathTenants,
+) -> None:
+    """Finding 4: the ``connect``-event recipe of SQLAlchemy's PostgreSQL docs (one URL, an
+    engine per tenant) is seen, as connect options are: the schema is read after it ran."""
+    url = make_url(POSTGRES_URL).set(database=tenants.database)
+    engines = {}
+    for schema in ("acme", "globex"):
+        engine = engines[schema] = create_engine(url)
+
+        @event.listens_for(engine, "connect", insert=True)
+        def set_search_path(dbapi_connection: Any, record: Any, schema: str = schema) -> None:
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"SET SESSION search_path = {schema}")
+            cursor.close()
+            dbapi_connection.autocommit = autocommit
+
+    try:
+        inbox, provider = sms_inbox({s: sessionmaker(e) for s, e in engines.items()})
+        shared = uuid.uuid4()
+        for schema in ("acme", "globex", "acme"):
+            message = Message(shared, "sms.requested", {}, {"tenant": schema})
+            inbox.process(message)
+        assert provider.calls == [
+            expected(shared, f"{tenants.database}@acme"),
+            expected(shared, f"{tenants.database}@globex"),
+        ]
+    finally:
+        for engine in engines.values():
+            engine.dispose()

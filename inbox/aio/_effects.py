@@ -50,8 +50,9 @@ class AsyncEffects(EffectsBase[AsyncEngine]):
         claims = self._tenant_claims
         if claims is not None:
             current = CURRENT_RUN.get()
-            if current is not None and schema_to_read(current.connection, claims):
-                await _read_searched_schema(current.connection, claims)
+            effects = self.ledger.table if self._store is None else None
+            if current is not None and schema_to_read(current.connection, claims, effects):
+                await _read_searched_schema(current.connection, claims, effects)
         run, _, steps = self._begin(step, call, mode)
         engine = self._engine(run)
         reply: object = None
@@ -89,11 +90,14 @@ class AsyncEffects(EffectsBase[AsyncEngine]):
         return proxy
 
 
-async def _read_searched_schema(connection: Connection, claims: Table) -> None:
-    """Read the schema the claim connection's search path found the claim table in (once
-    per pooled connection), through the driver's greenlet as every statement is."""
+async def _read_searched_schema(
+    connection: Connection, claims: Table, effects: Table | None
+) -> None:
+    """Read the schemas the claim connection's search path finds the claim table and the
+    effect table beside it in (once per pooled connection), through the driver's greenlet
+    as every statement is."""
     claim_connection = AsyncConnection(AsyncEngine(connection.engine), connection)
-    await claim_connection.run_sync(read_searched_schema, claims)
+    await claim_connection.run_sync(read_searched_schema, claims, effects)
 
 
 async def _write(engine: AsyncEngine, write: Write) -> Any:

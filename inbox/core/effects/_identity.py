@@ -109,10 +109,13 @@ def version_1_key(claim_key: bytes, handler: str, step: str) -> uuid.UUID:
 @dataclass(frozen=True, slots=True)
 class EffectRef:
     """One effect: its key and what it is the effect of; ``legacy``, when set, is the
-    version-1 key under which an earlier version may have recorded this same effect."""
+    version-1 key under which an earlier version may have recorded this same effect, and
+    ``earlier`` (set only with ``legacy``) the key an earlier version gave it before its
+    tenant's identity held its searched schema (docs/effects.md, "Tenants")."""
 
     key: uuid.UUID
     claim_key: bytes
     handler: str
     step: str
     legacy: uuid.UUID | None = None
+    earlier: uuid.UUID | None = None

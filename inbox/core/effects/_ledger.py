@@ -72,6 +72,9 @@ class Ledger:
         c = table.c
         this = c.effect_key == bindparam("k", type_=c.effect_key.type)
         self._whose = select(c.claim_key, c.handler, c.step).where(this)
+        self._whose_any = select(c.effect_key, c.claim_key, c.handler, c.step).where(
+            c.effect_key.in_(bindparam("keys", expanding=True))
+        )
         self._read = (
             select(c.status, c.attempts, c.result, c.updated_at).where(this).with_for_update()
         )
@@ -96,19 +99,24 @@ class Ledger:
     def resolve(self, connection: Connection, ref: EffectRef) -> EffectRef:
         """``ref``, or ``ref`` under its version-1 key when an earlier version recorded this
         very effect there (the record's claim key, handler and step are ``ref``'s; another
-        effect that shared the key is never taken for it). One read, for effects whose key
-        changed only."""
+        effect that shared the key is never taken for it). With ``ref.earlier`` set, the same
+        read looks under all three: a record of ``ref.key`` first, then version 1, then
+        ``earlier``. One read, for effects whose key changed only."""
         if ref.legacy is None:
             return ref
         _one_round_trip(connection)
+        whose = (uuid.UUID(bytes=ref.claim_key), ref.handler, ref.step)
+        if ref.earlier is None:
+            with connection.begin():
+                found = connection.execute(self._whose, {"k": ref.legacy}).one_or_none()
+            mine = found is not None and tuple(found) == whose
+            return replace(ref, key=ref.legacy if mine else ref.key, legacy=None)
+        keys = [ref.key, ref.legacy, ref.earlier]
         with connection.begin():
-            found = connection.execute(self._whose, {"k": ref.legacy}).one_or_none()
-        mine = found is not None and tuple(found) == (
-            uuid.UUID(bytes=ref.claim_key),
-            ref.handler,
-            ref.step,
-        )
-        return replace(ref, key=ref.legacy, legacy=None) if mine else replace(ref, legacy=None)
+            rows = connection.execute(self._whose_any, {"keys": keys}).all()
+        recorded = {row[0] for row in rows if tuple(row[1:]) == whose}
+        key = next((k for k in keys if k in recorded), ref.key)
+        return replace(ref, key=key, legacy=None, earlier=None)
 
     def start(
         self, connection: Connection, ref: EffectRef, mode: EffectMode, at: dt.datetime

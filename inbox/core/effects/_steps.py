@@ -236,7 +236,10 @@ class EffectsBase(Generic[StoreT]):
         With sessions per message (``sessions_for``) the run's tenant is part of the
         effect. With a store of its own, the records of every tenant share it, where a
         record of an earlier version (keyed without the tenant) cannot be told to be this
-        tenant's, so it is not looked for.
+        tenant's, so it is not looked for. Nor is a record under the key an earlier version
+        gave an unnamed tenant before its searched schema joined its identity, unless the
+        effect table is the tenant's own (found in that schema); there it is taken over, so
+        an effect started before the upgrade is not called again under a new key.
         """
         checked_mode = parse_mode(mode)
         checked_step = validate_step(step)
@@ -249,13 +252,20 @@ class EffectsBase(Generic[StoreT]):
                 "inside its own call: nothing was called a second time. Use another step name "
                 "for a nested effect"
             )
-        tenant = tenant_of(run.connection, claims=self._tenant_claims)
+        store = self._store
+        tenant, was = tenant_of(
+            run.connection,
+            claims=self._tenant_claims,
+            effects=self.ledger.table if store is None else None,
+        )
         key = effect_key(run.claim_key, run.handler, checked_step, tenant)
-        legacy = None
-        shared = tenant is not None and self._store is not None
+        legacy = earlier = None
+        shared = tenant is not None and store is not None
         if not shared and not is_version_1(run.handler, checked_step, tenant):
             legacy = version_1_key(run.claim_key, run.handler, checked_step)
-        ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy)
+            if was is not None:
+                earlier = effect_key(run.claim_key, run.handler, checked_step, was)
+        ref = EffectRef(key, run.claim_key, run.handler, checked_step, legacy, earlier)
         return (
             run,
             ref,

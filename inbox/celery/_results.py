@@ -13,11 +13,11 @@ import datetime as dt
 from typing import Any, Final
 
 from kombu.utils.json import dumps, loads
-from sqlalchemy import select
+from sqlalchemy import MetaData, select
 from sqlalchemy.orm import Session
 
 from inbox.errors import InboxError
-from inbox.schema import DEFAULT_RESULT_TABLE_NAME, inbox_task_result, metadata
+from inbox.schema import DEFAULT_RESULT_TABLE_NAME, inbox_task_result
 
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
@@ -31,13 +31,15 @@ __all__ = [
 
 DEFAULT_MAX_RESULT_BYTES: Final = 64 * 1024
 
-result_metadata: Final = metadata
-"""The metadata holding :data:`task_result_table`: :data:`inbox.schema.metadata`, which the
-shipped alembic revisions create (``inbox migrate``) and your autogenerate target includes."""
+result_metadata: Final = MetaData()
+"""A metadata holding :data:`task_result_table` and nothing else (``create_all`` on it
+creates that one table). The shipped alembic revisions (``inbox migrate``) create the
+table as part of :data:`inbox.schema.metadata`: an autogenerate target that includes that
+metadata must not list this one too (alembic refuses a table named in both)."""
 
-task_result_table: Final = inbox_task_result
-"""``inbox_task_result``: an inbox task's return value per (claim key, task name)
-(:data:`inbox.schema.inbox_task_result`)."""
+task_result_table: Final = inbox_task_result.to_metadata(result_metadata)
+"""``inbox_task_result``: an inbox task's return value per (claim key, task name); the
+same table as :data:`inbox.schema.inbox_task_result`, on :data:`result_metadata`."""
 
 
 class ResultTooLarge(InboxError, ValueError):

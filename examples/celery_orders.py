@@ -16,6 +16,9 @@ RabbitMQ and PostgreSQL (the services of docs/development.md):
    the outbox in the same transaction: the follow-up task exists if and only if the
    payment committed. A client's retried ``charge.delay(order)`` (a new task id, the same
    order) is skipped by its key.
+4. The run waits until the worker has finished every delivery, the two duplicates
+   included (a ``task_postrun`` signal counts them in a table; in production the
+   ``inbox.duplicates`` metric does), then counts payments, provider requests and receipts.
 
 Run the worker yourself with ``CELERY_ORDERS_BROKER`` and ``CELERY_ORDERS_DATABASE`` set:
 ``celery -A celery_orders worker`` from this folder.
@@ -33,7 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.signals import task_postrun
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -62,6 +66,12 @@ payments = Table(
     Column("provider_ref", String(64), nullable=False),
 )
 receipts = Table("example_celery_receipt", shop, Column("order_id", Integer, primary_key=True))
+task_runs = Table(  # each delivery the worker finished, duplicates included
+    "example_celery_task_run",
+    shop,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("task", String(100), nullable=False),
+)
 provider_calls = Table(  # the payment provider's own books: one row per request it took
     "example_celery_provider_call",
     shop,
@@ -103,6 +113,14 @@ def send_receipt(session: Session, order_id: int) -> None:
     session.execute(receipts.insert().values(order_id=order_id))
 
 
+@task_postrun.connect
+def count_task_run(sender: Task | None = None, **_: Any) -> None:
+    """Record a delivery the worker has finished (run, or skipped as a duplicate)."""
+    if sender is not None:
+        with engine.begin() as connection:
+            connection.execute(task_runs.insert().values(task=sender.name))
+
+
 class Declined(Exception):
     """The request fails after it wrote its order and sent its task."""
 
@@ -125,6 +143,12 @@ def place_order(order_id: int, customer: str, *, declined: bool = False) -> str 
 def count(table: Table) -> int:
     with engine.connect() as connection:
         return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def runs_of(task: str) -> int:
+    query = select(func.count()).where(task_runs.c.task == task)
+    with engine.connect() as connection:
+        return int(connection.execute(query).scalar_one())
 
 
 def until(done: Callable[[], bool], relay: Relay, seconds: float = 60.0) -> None:
@@ -170,13 +194,17 @@ def run() -> int:
             )
         relay.run_until_empty(timeout=30)
         charge.delay(2)  # a client retrying after a timeout: a new task id, the same order
-        until(lambda: count(receipts) == 3, relay)
-        time.sleep(2)  # the duplicates had time to arrive, and were skipped
-        relay.run_until_empty(timeout=30)
+        # Five charge deliveries (three orders, the relay's resend, the client's retry) and
+        # three receipts: once all are finished, nothing is left to arrive.
+        until(lambda: runs_of(charge.name) >= 5 and runs_of(send_receipt.name) >= 3, relay)
     finally:
         relay.stop()
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
+    print(
+        f"charge deliveries={runs_of(charge.name)} receipt deliveries="
+        f"{runs_of(send_receipt.name)} (the duplicates were skipped)"
+    )
     counts = [count(t) for t in (payments, provider_calls, receipts)]
     print(f"payments={counts[0]} provider requests={counts[1]} receipts={counts[2]}")
     if counts != [3, 3, 3] or count(orders) != 3:

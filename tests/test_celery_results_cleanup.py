@@ -76,3 +76,35 @@ def test_inbox_cleanup_says_how_many_task_results_went(db: Database) -> None:
     assert "deleted 1 claims" in out.getvalue()
     assert "and 1 stored task results" in out.getvalue()
     assert len(kept(db.engine)) == 1
+
+
+def test_a_result_stays_while_its_claim_does(db: Database) -> None:
+    """A claim can outlive its result's ``stored_at`` (here: stamped by a clock 3 days behind
+    the worker's that stored the value): the result goes with the claim, not before it."""
+    engine = db.engine
+    key = os.urandom(16)
+    with engine.begin() as connection:
+        connection.execute(
+            insert(inbox_message).values(message_id=key, handler="shop.charge", processed_at=YOUNG)
+        )
+        connection.execute(
+            insert(inbox_task_result).values(
+                claim_key=key, task="shop.charge", result="41", stored_at=OLD
+            )
+        )
+    orphan = os.urandom(16)  # its claim already gone: the result goes
+    with engine.begin() as connection:
+        connection.execute(
+            insert(inbox_task_result).values(
+                claim_key=orphan, task="shop.charge", result="7", stored_at=OLD
+            )
+        )
+
+    assert cleanup(engine, days=30, now=NOW, dry_run=True).results_deleted == 1
+    report = cleanup(engine, days=30, now=NOW)
+    assert (report.deleted, report.results_deleted) == (0, 1)
+    assert kept(engine) == {(key, "shop.charge")}
+
+    later = cleanup(engine, days=30, now=YOUNG + dt.timedelta(days=31))
+    assert (later.deleted, later.results_deleted) == (1, 1), "claim, then its result"
+    assert kept(engine) == set()

@@ -5,6 +5,7 @@ retries rolled back with the claim, the result bound, the settings a worker refu
 from __future__ import annotations
 
 import ast
+import logging
 import subprocess
 import sys
 import uuid
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 from support.databases import Database, effects
 
@@ -63,7 +64,7 @@ def test_a_task_id_commits_once_and_its_redelivery_returns_the_first_value(
     assert db.count(task_result_table) == 2
 
 
-def test_key_deduplicates_across_task_ids_and_none_is_not_stored(
+def test_key_deduplicates_across_task_ids_and_none_is_stored_too(
     tasks: InboxTasks, db: Database
 ) -> None:
     @tasks.task(name="t.charge", key=lambda order, amount: f"charge-{order}")
@@ -74,7 +75,33 @@ def test_key_deduplicates_across_task_ids_and_none_is_not_stored(
         assert charge.delay(7, amount=10).get() is None
     charge.delay(8, 10).get()
     assert db.effect_counts() == {("7", "t.charge"): 1, ("8", "t.charge"): 1}
-    assert db.count(task_result_table) == 0
+    assert db.count(task_result_table) == 2, "a None is stored: a missing row means lost"
+
+
+def test_a_redelivery_whose_stored_value_is_gone_warns_instead_of_passing_none_silently(
+    tasks: InboxTasks, db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    @tasks.task(name="t.total")
+    def total(session: Session, order: int) -> int:
+        write(session, str(order), "t.total")
+        return order * 10
+
+    task_id = str(uuid.uuid4())
+    assert total.apply_async((4,), task_id=task_id).get() == 40
+    with caplog.at_level(logging.WARNING, logger="inbox.celery"):
+        assert total.apply_async((4,), task_id=task_id).get() == 40
+    assert caplog.records == [], "a stored value comes back without a word"
+
+    with db.engine.begin() as connection:
+        connection.execute(delete(task_result_table))
+    with caplog.at_level(logging.WARNING, logger="inbox.celery"):
+        assert total.apply_async((4,), task_id=task_id).get() is None
+    assert db.effect_counts() == {("4", "t.total"): 1}, "the body did not run again"
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert f"inbox task 't.total': claim {task_id} is taken" in message
+    assert "stored return value is gone" in message
 
 
 def test_a_retry_rolls_back_the_writes_and_the_claim_then_commits_once(

@@ -83,5 +83,7 @@ def test_the_celery_example_on_rabbitmq_and_postgresql(pg_db: Database, rabbit: 
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "orders placed: 3" in done.stdout
+    # It waited for every delivery, the two duplicate charges included, before counting.
+    assert "charge deliveries=5 receipt deliveries=3 (the duplicates were skipped)" in done.stdout
     assert "payments=3 provider requests=3 receipts=3" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1] == "every order charged and receipted exactly once"

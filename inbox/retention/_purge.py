@@ -131,7 +131,8 @@ def cleanup(
     whose committed claim is past retention only: see docs/effects.md, "Cleanup". The
     return values of Celery inbox tasks in ``result_table`` (same database; skipped when it
     does not exist, or with ``result_table=None``) stored before the cutoff go after the
-    claims, in batches sized the same way: see docs/celery.md, "The result table".
+    claims, those whose claim is gone only, in batches sized the same way: see
+    docs/celery.md, "The result table".
     """
     cutoff = cutoff_for(days, now)
     _check_batching(batch_size, batch_seconds, pause_seconds)
@@ -153,7 +154,11 @@ def cleanup(
                 if effects is None
                 else count_expired_effects(engine, effects, inbox_table, cutoff)
             )
-            stale = 0 if results is None else count_expired_results(engine, results, cutoff)
+            stale = (
+                0
+                if results is None
+                else count_expired_results(engine, results, inbox_table, cutoff)
+            )
             return CleanupReport(
                 expired,
                 0,
@@ -178,12 +183,13 @@ def cleanup(
             deleted, batches, longest = delete_in_batches(engine, inbox_table, cutoff, sizing)
             elapsed = time.perf_counter() - started
             report = CleanupReport(deleted, batches, elapsed, cutoff, False, longest)
-        # Results after their claims: while a claim is there, a redelivery reads its result.
+        # Results after their claims, and only those whose claim is gone: while a claim is
+        # there, a redelivery reads its result.
         stale, _, result_longest = (
             (0, 0, 0.0)
             if results is None
             else delete_expired_results(
-                engine, results, cutoff, effect_sizing(batch_size, batch_seconds)
+                engine, results, inbox_table, cutoff, effect_sizing(batch_size, batch_seconds)
             )
         )
         return dataclasses.replace(

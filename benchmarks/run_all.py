@@ -87,6 +87,10 @@ HELPERS = {
     # S1 against other checkouts of the repository (git worktrees): run by hand with their
     # paths, as benchmarks/README.md shows; its table goes there.
     "s1_versions.py",
+    # Celery: real `celery worker` processes on RabbitMQ and Redis, run by hand as
+    # benchmarks/README.md and docs/celery.md show; their tables go there.
+    "celery_throughput.py",
+    "celery_soak.py",
 }
 
 

@@ -241,7 +241,7 @@ def test_show_by_the_id_of_a_keyed_message_says_how_to_find_its_claims(db: Datab
 
     code, out, _ = admin("show", str(keyed.id), "--database-url", db.url)
     assert code == 3
-    assert "claimed under that key" in out
+    assert "otherwise under that key" in out
     assert "inbox show KEY" in out
     code, out, _ = admin("show", "order-7", "--database-url", db.url)
     assert code == 0

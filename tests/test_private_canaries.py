@@ -535,6 +535,7 @@ def test_celery_as_task_v2_makes_the_protocol_2_layout_the_outbox_writes() -> No
     from celery import Celery
 
     from inbox.outbox._celery_task import task_message
+    from inbox.outbox._row import PROPERTY_HEADERS
 
     app = Celery("canary", set_as_current=False)
     task_id = uuid_module.uuid4()
@@ -556,7 +557,11 @@ def test_celery_as_task_v2_makes_the_protocol_2_layout_the_outbox_writes() -> No
     theirs = {k: v for k, v in sent.headers.items() if v is not None}
     for name in ("lang", "task", "id", "root_id", "retries", "argsrepr", "kwargsrepr"):
         assert ours.headers[name] == theirs[name], name
-    assert set(ours.headers) <= set(sent.headers)
+    # The row's x-inbox-correlation-id / x-inbox-reply-to go out as AMQP properties.
+    for header, prop in PROPERTY_HEADERS.items():
+        if header in ours.headers:
+            assert ours.headers[header] == sent.properties[prop], header
+    assert set(ours.headers) - set(PROPERTY_HEADERS) <= set(sent.headers)
     app.close()
 
 

@@ -109,6 +109,8 @@ def test_cleanup_needs_select_and_delete_and_update_beside_another(
         connection.execute(text(f"GRANT SELECT, DELETE ON inbox_message TO {role}"))
         # Effect records go with their claims: selected through them, deleted by key.
         connection.execute(text(f"GRANT SELECT, DELETE ON inbox_effect TO {role}"))
+        # So do Celery task results, where the table is (the migrations create it).
+        connection.execute(text(f"GRANT SELECT, DELETE ON inbox_task_result TO {role}"))
     url = as_role(pg_db, role)
     assert cleanup(url, days=30).deleted == 2  # one cleanup alone: a plain DELETE
     expire_two()

@@ -37,14 +37,21 @@ def test_a_step_killed_after_its_commit_feeds_its_chain_and_its_chord_once(
                 and sum(n for (_, task), n in counts.items() if task == "ct.collect") >= 2
             )
 
+        def ended() -> bool:
+            # Every expected commit made, and every message of the queue (a redelivered
+            # step, a second chain or chord step if one was sent) acked by a live worker:
+            # nothing is left that could commit again.
+            return settled() and area.unsettled(queue) == 0
+
         # A killed main process takes the worker down: the next worker gets the unacked
         # deliveries back from RabbitMQ (each killed step at most once more).
         deadline = time.monotonic() + 60
-        while not settled():
+        done = False
+        while not done:
             assert time.monotonic() < deadline, f"not settled: {pg_db.effect_counts()}"
             with worker(AMQP_URL, queue, pg_db, tmp_path, backend=BACKEND) as process:
-                until(lambda: settled() or process.poll() is not None, "settled or worker died")
-        time.sleep(1)  # room for a second commit to show
+                until(lambda: ended() or process.poll() is not None, "the end or worker died")
+                done = process.poll() is None
         counts = pg_db.effect_counts()
         assert not list(tmp_path.glob(f"{victim}-*")), "both kills happened"
         assert counts[("m1", "ct.step")] == 1

@@ -50,7 +50,12 @@ def test_a_step_killed_after_its_commit_feeds_its_chain_and_its_chord_once(
         while not done:
             assert time.monotonic() < deadline, f"not settled: {pg_db.effect_counts()}"
             with worker(AMQP_URL, queue, pg_db, tmp_path, backend=BACKEND) as process:
-                until(lambda: ended() or process.poll() is not None, "the end or worker died")
+                try:
+                    until(lambda: ended() or process.poll() is not None, "the end or worker died")
+                except AssertionError as exc:  # say which part of the end is missing
+                    unsettled = area.unsettled(queue)
+                    commits = pg_db.effect_counts()
+                    raise AssertionError(f"{exc}: {unsettled} unsettled, {commits}") from None
                 done = process.poll() is None
         counts = pg_db.effect_counts()
         assert not list(tmp_path.glob(f"{victim}-*")), "both kills happened"

@@ -5,6 +5,7 @@ retries rolled back with the claim, the result bound, the settings a worker refu
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from support.databases import Database, effects
 import inbox as inbox_package
 from inbox import Inbox
 from inbox.celery import InboxTasks, ResultTooLarge, result_metadata, task_result_table
-from inbox.errors import ConfigurationError
+from inbox.errors import ConfigurationError, InvalidMessage
 
 
 @pytest.fixture
@@ -164,6 +165,41 @@ def test_arguments_are_checked_without_the_session_and_a_task_needs_one(
         tasks.task(name="t.none")(lambda: None)
     with pytest.raises(ConfigurationError, match="base= must be a subclass of InboxTask"):
         tasks.task(name="t.base", base=object)(two)
+
+
+def test_a_call_binds_the_arguments_to_a_signature_built_once_per_task(
+    tasks: InboxTasks, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @tasks.task(name="t.plain")
+    def plain(session: Session, a: int, b: int = 0) -> int:
+        write(session, f"{a}+{b}", "t.plain")
+        return a + b
+
+    @tasks.task(name="t.bound", bind=True)
+    def bound(self: Any, session: Session, a: int, b: int = 0) -> int:
+        write(session, f"{a}+{b}", "t.bound")
+        return a + b
+
+    built: list[object] = []
+    signature = inspect.signature
+
+    def counted(obj: Any, **options: Any) -> inspect.Signature:
+        built.append(obj)
+        return signature(obj, **options)
+
+    monkeypatch.setattr(inspect, "signature", counted)
+    for task in (plain, bound):
+        for _ in range(3):
+            assert task.apply((1,), {"b": 2}).get() == 3
+        # apply() skips Celery's own argument check: these reach the inbox task's, whose
+        # InvalidBody comes back out of the EagerResult as its base class.
+        call = f"not a valid call for handler '{task.name}': "
+        with pytest.raises(InvalidMessage, match=call + "too many positional arguments"):
+            task.apply((1, 2, 3)).get()
+        with pytest.raises(InvalidMessage, match=call + "missing a required argument: 'a'"):
+            task.apply((), {"b": 2}).get()
+    assert built == [], "a call built a signature"
+    assert db.effect_counts() == {("1+2", "t.plain"): 3, ("1+2", "t.bound"): 3}
 
 
 def test_a_worker_refuses_settings_that_break_exactly_once(db: Database) -> None:

@@ -9,11 +9,11 @@ task id; type: the task name) and hands it to :meth:`inbox.Inbox.process`, whose
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from inspect import Signature
 from typing import Any, ClassVar
 
 from celery import Task
@@ -59,11 +59,13 @@ class TaskCall:
 @dataclass(frozen=True, slots=True)
 class TaskBinding:
     """What an :class:`InboxTask` needs to run: its inbox, a session factory on the same
-    database (to read a stored result back) and its result limit."""
+    database (to read a stored result back), its result limit and the signature its
+    arguments are checked against (``run``'s, without the task and the session)."""
 
     inbox: Inbox
     sessions: Callable[[], Session]
     max_result_bytes: int
+    arguments: Signature
 
     def handler(self, name: str) -> RegisteredHandler:
         """The inbox handler registered for the task ``name``."""
@@ -106,7 +108,7 @@ class InboxTask(Task):
         registered = binding.handler(name)
         failure: BaseException
         try:
-            _check_arguments(self, message.id, args, kwargs)
+            _check_arguments(binding.arguments, name, message.id, args, kwargs)
             message.body.claim_key = registered.claim_key(message)
             result = binding.inbox.process(message)
         except HandlerFailed as exc:
@@ -129,14 +131,18 @@ class InboxTask(Task):
 
 
 def _check_arguments(
-    task: Any, message_id: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    arguments: Signature,
+    name: str,
+    message_id: uuid.UUID,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> None:
     """Bad arguments (a poison message) are an :class:`~inbox.errors.InvalidBody` before
     any claim or key, not a ``TypeError`` from inside the body."""
     try:
-        inspect.signature(task.run).bind(*args, **kwargs)
+        arguments.bind(*args, **kwargs)
     except TypeError as exc:
-        raise InvalidBody(task.name, message_id, "call", str(exc)) from None
+        raise InvalidBody(name, message_id, "call", str(exc)) from None
 
 
 def run_body(binding: TaskBinding, message: Message[TaskCall], session: Session) -> None:

@@ -142,9 +142,10 @@ class InboxTasks:
         base = options.pop("base", InboxTask)
         if not (isinstance(base, type) and issubclass(base, InboxTask)):
             raise ConfigurationError(f"base= must be a subclass of InboxTask, got {base!r}")
-        run = _with_session(fun, bound=bool(options.get("bind")))
+        bound = bool(options.get("bind"))
+        run = _with_session(fun, bound=bound)
         task_name = name or self.app.gen_task_name(fun.__name__, fun.__module__)
-        binding = TaskBinding(self.inbox, self._sessions, limit)
+        binding = TaskBinding(self.inbox, self._sessions, limit, _arguments(run, bound=bound))
 
         def handle(message: Message[TaskCall], session: Session) -> None:
             run_body(binding, message, session)
@@ -226,6 +227,15 @@ def _with_session(fun: Callable[..., Any], *, bound: bool) -> Callable[..., Any]
     del parameters[at]
     run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     return run
+
+
+def _arguments(run: Callable[..., Any], *, bound: bool) -> inspect.Signature:
+    """The arguments a call of the task takes, built once per task (each call only binds
+    them): ``run``'s, without the task itself when Celery passes it first."""
+    signature = inspect.signature(run)
+    if not bound:
+        return signature
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _claim_key(key: TaskKey) -> Callable[[Message[TaskCall]], Any]:

@@ -41,6 +41,24 @@ class Rabbit:
             except ChannelError:
                 return 0
 
+    def unsettled(self, queue: str) -> int:
+        """Messages of ``queue`` not yet settled: ready plus delivered and not acked (the
+        broker's own counts; AMQP's passive declare tells only the ready ones). A queue the
+        broker does not list is an AssertionError, never a 0."""
+        counts = ["name", "messages_ready", "messages_unacknowledged"]
+        listed = subprocess.run(
+            ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", *counts],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        for line in listed.stdout.splitlines():
+            name, ready, unacked = line.split("\t")
+            if name == queue:
+                return int(ready) + int(unacked)
+        raise AssertionError(f"RabbitMQ lists no queue {queue!r}")
+
     def take_all(self, queue: str) -> list[Any]:
         """Remove and return every message in ``queue`` (kombu messages, acked)."""
         taken: list[Any] = []

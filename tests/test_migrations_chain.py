@@ -4,9 +4,7 @@ without touching them, and each downgrade removes only its own table, on every b
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, MetaData, inspect, select, text
-from support.databases import Database, effects_metadata
+from support.databases import Database, current_schema, effects_metadata, own_notifications
 
 from inbox.schema import (
     OUTBOX_NOTIFY_CHANNEL,
@@ -122,29 +120,17 @@ def test_each_downgrade_removes_only_its_own_table(empty_db: Database) -> None:
 
 def notified_on_commit(engine: Engine, schema: str, insert_into: object) -> list[str]:
     """Insert a row through ``insert_into`` and return the payloads a listener received from
-    tables in ``schema`` (the channel is the server's: other tests' outboxes notify on it too)."""
+    tables in ``schema``."""
     import psycopg
-
-    def ours(notifies: Iterable[psycopg.Notify]) -> list[str]:
-        return [n.payload for n in notifies if n.payload.split(".", 1)[0] == schema]
 
     url = engine.url.set(drivername="postgresql")
     with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as listener:
         listener.execute(f"LISTEN {OUTBOX_NOTIFY_CHANNEL}")
         with engine.begin() as connection:
             connection.execute(insert_into)  # type: ignore[call-overload]
-            assert ours(listener.notifies(timeout=0.2)) == [], "nothing before the commit"
-        deadline = time.monotonic() + 5
-        received: list[str] = []
-        while not received and (left := deadline - time.monotonic()) > 0:
-            received = ours(listener.notifies(timeout=left, stop_after=1))
-        return received
-
-
-def current_schema(engine: Engine) -> str:
-    """The schema ``engine``'s search path creates tables in (the test's own)."""
-    with engine.connect() as connection:
-        return str(connection.execute(text("SELECT current_schema()")).scalar_one())
+            early = own_notifications(listener, schema, timeout=0.2)
+            assert early == [], "nothing before the commit"
+        return own_notifications(listener, schema, timeout=5)
 
 
 def outbox_row() -> dict[str, object]:

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, create_engine, event, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, scoped_session
-from support.databases import Database, effects
+from support.databases import Database, current_schema, effects, own_notifications
 from support.effects import Recorder, order, record_effect
 
 from inbox import (
@@ -358,9 +358,8 @@ def test_postgresql_is_notified_when_the_publishing_transaction_commits(pg_db: D
         with Session(pg_db.engine) as session, session.begin():
             Outbox().publish(session, "t", {}, routing_key="q")
             session.flush()
-        [notice] = list(listener.notifies(timeout=10, stop_after=1))
-    assert notice.channel == "inbox_outbox"
-    assert notice.payload.endswith(".outbox_message")
+        [payload] = own_notifications(listener, current_schema(pg_db.engine), timeout=10)
+    assert payload == f"{current_schema(pg_db.engine)}.outbox_message"
 
 
 def test_the_same_idempotency_key_twice_is_two_rows_and_one_effect_downstream(
@@ -460,8 +459,8 @@ def test_each_tenant_schema_gets_its_own_notify_function(pg_db: Database) -> Non
             listener.execute("LISTEN inbox_outbox")
             with Session(survivor) as session, session.begin():
                 Outbox().publish(session, "t", {}, routing_key="q")
-            [notice] = list(listener.notifies(timeout=10, stop_after=1))
-        assert notice.payload == f"{tenants[1]}.outbox_message"
+            [payload] = own_notifications(listener, tenants[1], timeout=10)
+        assert payload == f"{tenants[1]}.outbox_message"
     finally:
         with pg_db.engine.begin() as connection:
             for tenant in tenants:

@@ -9,11 +9,12 @@ CI=true: in CI a missing server is a broken build, never a pass.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import (
@@ -134,3 +135,22 @@ def fresh_database(backend: str, admin: dict[str, Engine], tmp_path: Path) -> It
         if drop is not None:
             with admin[backend].connect() as connection:
                 connection.execute(text(drop))
+
+
+def own_notifications(listener: Any, schema: str, *, timeout: float, wanted: int = 1) -> list[str]:
+    """The payloads ``listener`` (a psycopg connection LISTENing) receives within ``timeout``
+    from tables in ``schema``, stopping at ``wanted``: the channel is the server's, and other
+    tests' outboxes (another xdist worker's chaos run) notify on it too."""
+    received: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(received) < wanted and (left := deadline - time.monotonic()) > 0:
+        for notice in listener.notifies(timeout=left, stop_after=1):
+            if notice.payload.split(".", 1)[0] == schema:
+                received.append(notice.payload)
+    return received
+
+
+def current_schema(engine: Engine) -> str:
+    """The schema ``engine``'s search path creates tables in (a PostgreSQL test's own)."""
+    with engine.connect() as connection:
+        return str(connection.execute(text("SELECT current_schema()")).scalar_one())

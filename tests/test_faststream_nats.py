@@ -28,6 +28,7 @@ from nats.js.errors import NoKeysError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from support.aio import async_engine, record_effect, run
 from support.databases import Database, cannot_run
+from support.nats import jetstream_url
 
 from inbox import Message
 from inbox.aio import AsyncInbox
@@ -46,19 +47,15 @@ WAIT = 60.0
 @pytest.fixture(scope="module")
 def nats_url() -> Iterator[str]:
     """One JetStream server for the module; a missing nats-server skips locally, fails in CI."""
-    if not Path(NATS_SERVER).exists():
-        cannot_run(f"nats-server not installed ({NATS_SERVER})")
-    with NatsCluster(1) as server:
-        yield server.urls()[0]
+    with jetstream_url() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def small_nats_url() -> Iterator[str]:
     """A JetStream server whose ``max_payload`` (headers and body) is 8 KiB."""
-    if not Path(NATS_SERVER).exists():
-        cannot_run(f"nats-server not installed ({NATS_SERVER})")
-    with NatsCluster(1, first_port=4601, max_payload=8192) as server:
-        yield server.urls()[0]
+    with jetstream_url(first_port=4601, max_payload=8192) as url:
+        yield url
 
 
 def _id(ref: str) -> str:

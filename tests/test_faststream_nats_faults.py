@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +20,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from support.aio import async_engine, record_effect, run
-from support.databases import Database, cannot_run
+from support.databases import Database
+from support.nats import jetstream_url
 
 from inbox import Message
 from inbox.aio import AsyncInbox
@@ -31,10 +30,6 @@ from inbox.faststream import subscribe_nats_stream
 from inbox.faststream._nats_consumer import RetryHistory
 from inbox.faststream._nats_transport import NatsTransport, _metadata
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tools.cluster.jetstream import NATS_SERVER, NatsCluster
-
 HANDLER = "ops.apply"
 WAIT = 60.0
 
@@ -42,10 +37,8 @@ WAIT = 60.0
 @pytest.fixture(scope="module")
 def nats_url() -> Iterator[str]:
     """One JetStream server for the module; a missing nats-server skips locally, fails in CI."""
-    if not Path(NATS_SERVER).exists():
-        cannot_run(f"nats-server not installed ({NATS_SERVER})")
-    with NatsCluster(1, first_port=4901) as server:
-        yield server.urls()[0]
+    with jetstream_url(first_port=4901) as url:
+        yield url
 
 
 def test_only_not_connected_and_not_from_jetstream_are_taken_as_such(
@@ -173,10 +166,8 @@ def test_a_consumer_check_jetstream_does_not_answer_is_made_again_and_deliveries
 @pytest.fixture(scope="module")
 def small_nats_url() -> Iterator[str]:
     """A JetStream server whose ``max_payload`` (headers and body) is 8 KiB."""
-    if not Path(NATS_SERVER).exists():
-        cannot_run(f"nats-server not installed ({NATS_SERVER})")
-    with NatsCluster(1, first_port=4951, max_payload=8192) as server:
-        yield server.urls()[0]
+    with jetstream_url(first_port=4951, max_payload=8192) as url:
+        yield url
 
 
 def test_a_dead_letter_whose_body_leaves_no_room_for_its_headers_goes_without_the_body(

@@ -39,9 +39,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from support.aio import async_engine, run
-from support.databases import Database, cannot_run, effects, effects_metadata
+from support.databases import Database, effects, effects_metadata
 from support.effects import order, record_effect
 from support.ledger import Provider, effect_store, records, store_of
+from support.nats import jetstream_url
 from support.rabbit import Rabbit
 from support.worker import run_in_thread, wait_until
 
@@ -53,7 +54,6 @@ from inbox.delivery import headers as h
 from inbox.faststream import subscribe_nats_stream, subscribe_rabbit
 from inbox.schema import inbox_effect, inbox_message, outbox_message
 from inbox.schema import metadata as inbox_metadata
-from tools.cluster.jetstream import NATS_SERVER, NatsCluster
 
 TIMEOUT = 60.0
 
@@ -583,10 +583,8 @@ def test_async_x_effects_under_a_small_pool_more_deliveries_at_once_than_connect
 @pytest.fixture(scope="module")
 def nats_url() -> Iterator[str]:
     """A JetStream server of this module's own; a missing nats-server fails in CI."""
-    if not Path(NATS_SERVER).exists():
-        cannot_run(f"nats-server not installed ({NATS_SERVER})")
-    with NatsCluster(1, first_port=4701) as server:
-        yield server.urls()[0]
+    with jetstream_url(first_port=4701) as url:
+        yield url
 
 
 async def nats_dead_letters(url: str, stream: str) -> list[dict[str, str]]:

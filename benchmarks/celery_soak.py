@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from common import DEFAULT_BROKER, DEFAULT_DATABASE, fresh_schema, write_report
+from common import (
+    DEFAULT_BROKER,
+    DEFAULT_DATABASE,
+    fresh_schema,
+    start_celery_worker,
+    stop_worker,
+    write_report,
+)
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -97,25 +104,12 @@ def _children(pid: int) -> list[int]:
 
 def _worker(broker: str, queue: str, database_url: str, markers: Path) -> subprocess.Popen[bytes]:
     env = {
-        **os.environ,
         "SOAK_BROKER": broker,
         "SOAK_QUEUE": queue,
         "SOAK_DATABASE": database_url,
         "SOAK_MARKERS": str(markers),
     }
-    command = [sys.executable, "-m", "celery", "-A", "celery_soak", "worker", "--pool=prefork"]
-    command += ["-c", "2", "-Q", queue, "-l", "error", "-n", f"soak{uuid.uuid4().hex[:6]}@%h"]
-    command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-    return subprocess.Popen(command, cwd=HERE, env=env, start_new_session=True)
-
-
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+    return start_celery_worker("celery_soak", queue, env, log_level="error")
 
 
 def _depth(broker: str, queue: str) -> int:
@@ -178,7 +172,7 @@ def run_transport(transport: str, broker: str, options: argparse.Namespace) -> d
             wall = time.monotonic() - started
             time.sleep(options.linger)  # redeliveries of the last tasks have time to land
         finally:
-            _stop(worker)
+            stop_worker(worker)
         with database.connect() as connection:
             counted = select(rows.c.ref, func.count()).group_by(rows.c.ref)
             per_ref = {str(ref): int(n) for ref, n in connection.execute(counted)}

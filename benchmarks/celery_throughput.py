@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from common import DEFAULT_BROKER, DEFAULT_DATABASE, alternate, fresh_schema, write_report
+from common import (
+    DEFAULT_BROKER,
+    DEFAULT_DATABASE,
+    alternate,
+    fresh_schema,
+    start_celery_worker,
+    stop_worker,
+    write_report,
+)
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -120,25 +127,11 @@ def _cpu_seconds(pid: int) -> float:
 
 def _worker(broker: str, queue: str, database_url: str) -> subprocess.Popen[bytes]:
     env = {
-        **os.environ,
         "BENCH_CELERY_BROKER": broker,
         "BENCH_CELERY_QUEUE": queue,
         "BENCH_CELERY_DATABASE": database_url,
     }
-    command = [sys.executable, "-m", "celery", "-A", "celery_throughput", "worker"]
-    command += ["--pool=prefork", "-c", "2", "-Q", queue, "-l", "warning"]
-    command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-    command += ["-n", f"bench{uuid.uuid4().hex[:6]}@%h"]
-    return subprocess.Popen(command, cwd=HERE, env=env, start_new_session=True)
-
-
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+    return start_celery_worker("celery_throughput", queue, env, log_level="warning")
 
 
 def run_transport(transport: str, broker: str, options: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +158,7 @@ def run_transport(transport: str, broker: str, options: argparse.Namespace) -> d
                         f"worker CPU {used:.2f} ms/task"
                     )
         finally:
-            _stop(worker)
+            stop_worker(worker)
             with app.connection_for_write(broker) as connection:
                 connection.default_channel.queue_delete(queue)
     ratios = [i / p for i, p in zip(rates["inbox"], rates["plain"], strict=True)]

@@ -18,7 +18,9 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -294,3 +296,26 @@ def scenario_main(module: Scenario, argv: list[str] | None = None) -> int:
         {"scenarios": [report.to_json()]},
     )
     return 0
+
+
+def start_celery_worker(
+    module: str, queue: str, env: dict[str, str], *, log_level: str
+) -> subprocess.Popen[bytes]:
+    """``celery -A module worker`` (prefork, two children) consuming ``queue``, started from
+    benchmarks/ with ``env`` added to this environment, in a process group of its own."""
+    command = [sys.executable, "-m", "celery", "-A", module, "worker", "--pool=prefork"]
+    command += ["-c", "2", "-Q", queue, "-l", log_level]
+    command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+    command += ["-n", f"{module}{uuid.uuid4().hex[:6]}@%h"]
+    here = Path(__file__).resolve().parent
+    return subprocess.Popen(command, cwd=here, env={**os.environ, **env}, start_new_session=True)
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a warm shutdown), then its whole group killed after 30 s."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()

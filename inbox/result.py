@@ -46,9 +46,10 @@ class ProcessResult:
         a duplicate, else PROCESSED."""
         if not self.outcomes:
             return Outcome.IGNORED
-        if all(o is Outcome.DUPLICATE for o in self.outcomes.values()):
-            return Outcome.DUPLICATE
-        return Outcome.PROCESSED
+        for outcome in self.outcomes.values():  # a loop: no generator per result
+            if outcome is not Outcome.DUPLICATE:
+                return Outcome.PROCESSED
+        return Outcome.DUPLICATE
 
     @property
     def processed(self) -> tuple[str, ...]:

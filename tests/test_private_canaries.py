@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import struct
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -401,6 +403,56 @@ def test_create_engine_isolation_level_is_kept_on_the_dialect_where_the_outbox_r
     assert plain.dialect._on_connect_isolation_level is None
     assert _engine_autocommits(autocommit)
     assert not _engine_autocommits(plain)
+
+
+# --- SQLAlchemy: _has_events, the flag a connection event listener sets -------------------
+
+
+def test_has_events_is_set_by_every_connection_event_listener_the_claim_must_see() -> None:
+    # The psycopg backend's one-round-trip claim asks the engine's dispatch for statement
+    # listeners only when SQLAlchemy's own _has_events flag says there is a listener at all
+    # (inbox/_backends/postgresql/_psycopg.py, _statement_listeners). Were the flag renamed
+    # or no longer set, a tracing listener would miss the claim: this fails first.
+    from sqlalchemy import create_engine, event
+
+    from inbox._backends.postgresql._psycopg import _statement_listeners
+
+    def listener(*args: object) -> None:
+        return None
+
+    quiet, traced = create_engine("sqlite://"), create_engine("sqlite://")
+    event.listen(traced, "before_cursor_execute", listener)
+    optioned = quiet.execution_options(inbox_share_round_trips=True)
+    try:
+        with quiet.connect() as connection:
+            assert not connection._has_events
+            assert not connection.engine._has_events
+            assert not _statement_listeners(connection)
+        with traced.connect() as connection:
+            assert connection.engine._has_events
+            assert _statement_listeners(connection)
+        event.listen(optioned, "after_cursor_execute", listener)
+        with optioned.connect() as connection:
+            assert connection.engine._has_events
+            assert _statement_listeners(connection)
+    finally:
+        quiet.dispose()
+        traced.dispose()
+    # A listener on the Engine class (every engine) sets the class's flag: in a process of
+    # its own, since the flag stays set for the rest of a process.
+    every_engine = """
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from inbox._backends.postgresql._psycopg import _statement_listeners
+engine = create_engine("sqlite://")
+event.listen(Engine, "before_cursor_execute", lambda *args: None)
+with engine.connect() as connection:
+    assert _statement_listeners(connection)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", every_engine], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
 
 
 # --- OpenTelemetry: the meter API's proxy, told by class name -----------------------------

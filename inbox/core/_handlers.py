@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 from sqlalchemy.orm import Session
 
 from inbox.errors import InvalidKey, RegistrationError
-from inbox.message import Message, key_bytes
+from inbox.message import IDEMPOTENCY_KEY_HEADER, Message, key_bytes
 from inbox.schema import HANDLER_NAME_MAX_LENGTH
 
 __all__ = [
@@ -69,7 +69,7 @@ class RegisteredHandler:
         Raises :class:`~inbox.InvalidKey` when the key cannot be derived.
         """
         if self.key is None:
-            business_key = message.idempotency_key
+            business_key = message.headers.get(IDEMPOTENCY_KEY_HEADER)  # .idempotency_key
             if business_key is None:
                 return message.id.bytes
             try:

@@ -15,15 +15,16 @@ from inbox.core._batch_handlers import BatchHandlerFunc
 from inbox.core._chain import DeliveryHook, Middleware
 from inbox.core._handlers import HandlerFunc, KeyFunc, RegisteredHandler, refuse_async
 from inbox.core._registration import InboxBase
-from inbox.core._routing import Planned, require_messages
+from inbox.core._routing import Planned, plan, require_messages
 from inbox.core._sessions import check_session_factory
-from inbox.core._settlement import Failed, Pause, Run, advance, settle
+from inbox.core._settlement import Failed, Pause, Run, advance, settle, settled
 from inbox.core._transaction import HandlerTransaction
 from inbox.core.effects._blocking import EffectCall, Effects
 from inbox.core.effects._identity import EffectMode
 from inbox.errors import SETUP_ERRORS, InboxError
 from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
+from inbox.telemetry._core import watched
 
 __all__ = ["Inbox"]
 
@@ -187,10 +188,10 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
         """
         if self._deliver is not None:
             return self._deliver(message)  # type: ignore[no-any-return]
-        planned = self._plan(message)
-        if isinstance(planned, ProcessResult):
+        planned = plan(message, self._registry, self._on_unhandled)
+        if planned.__class__ is ProcessResult:  # no handler takes it, and that is ignored
             return planned
-        return self._run_planned(planned)
+        return self._run_planned(planned)  # type: ignore[arg-type]
 
     def _process(self, message: Message) -> ProcessResult:
         planned = self._plan(message)
@@ -246,7 +247,18 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
 
     def _run_planned(self, planned: Planned) -> ProcessResult:
         # The decisions are settle()'s (inbox/core/_settlement.py); here they are carried out.
-        steps, reply = settle(planned, self._backoff), None
+        first = None
+        if len(planned.handlers) == 1 and not watched():
+            # The common case: one handler, no telemetry. Its first run needs no steps
+            # when it settles the message; a failure goes on through settle() as any run.
+            handler, key, message = planned.handlers[0], planned.keys[0], planned.message
+            try:
+                outcome = self._run_once(handler, key, message)
+            except BaseException as exc:  # settle() raises an exit exception again
+                first = Failed(exc)
+            else:
+                return settled(message, handler.name, outcome, key)
+        steps, reply = settle(planned, self._backoff, first=first), None
         while not isinstance(step := advance(steps, reply), ProcessResult):
             reply = self._attempt(step) if isinstance(step, Run) else _pause(step)
         return step
@@ -258,12 +270,22 @@ class Inbox(InboxBase[Session, Engine, Middleware, DeliveryHook]):
             return Failed(exc)
 
     def _run_once(self, handler: RegisteredHandler, key: bytes, message: Message) -> Outcome:
-        with self._transaction(message) as transaction:
-            if not transaction.begin_and_claim(key, handler.name):
-                return Outcome.DUPLICATE  # leaving rolls back: nothing of ours to keep
-            transaction.run(handler, message, self._guards[handler.name], key)
-            transaction.check_and_commit()
-        return Outcome.PROCESSED
+        # HandlerTransaction's ``with`` block written out: this runs once per message.
+        factory, sessions_for = self._session_factory, self._sessions_for
+        session = sessions_for(message) if sessions_for is not None else factory()  # type: ignore[misc]
+        transaction = HandlerTransaction(session, self._claims, self)
+        try:
+            if transaction.begin_and_claim(key, handler.name):
+                transaction.run(handler, message, self._guards[handler.name], key)
+                transaction.check_and_commit()
+                outcome = Outcome.PROCESSED
+            else:
+                outcome = Outcome.DUPLICATE  # finish() rolls back: nothing of ours to keep
+        except BaseException as exc:
+            transaction.finish(exc)
+            raise
+        transaction.finish(None)
+        return outcome
 
     def _transaction(self, message: Message | None = None) -> HandlerTransaction:
         return HandlerTransaction(self._new_session(message), self._claims, self)

@@ -38,7 +38,7 @@ def require_messages(messages: object, method: str) -> Sequence[Message]:
             f"{method}() takes a sequence of inbox.Message, got {type(messages).__name__}"
         )
     for message in messages:
-        if not isinstance(message, Message):
+        if message.__class__ is not Message and not isinstance(message, Message):
             raise ConfigurationError(
                 f"{method}() takes inbox.Message items, got {type(message).__name__}"
             )
@@ -53,7 +53,7 @@ def plan(message: object, registry: Registry, on_unhandled: Unhandled) -> Planne
     :class:`~inbox.InvalidKey` when a key cannot be derived and :class:`~inbox.InvalidBody`
     when a body does not validate as a handler's ``body=`` type: then nothing runs at all.
     """
-    if not isinstance(message, Message):
+    if message.__class__ is not Message and not isinstance(message, Message):
         raise ConfigurationError(f"process() takes an inbox.Message, got {type(message).__name__}")
     handlers: Sequence[RegisteredHandler] = registry.for_type(message.type)
     if not handlers:

@@ -19,7 +19,7 @@ __all__ = ["check_session_factory", "refuse_busy_session", "refuse_shared_transa
 def refuse_busy_session(session: Session) -> None:
     """Refuse a session already in a transaction: its pending work is not ours to commit or
     roll back, so this is checked before the inbox touches the session at all."""
-    if not isinstance(session, Session):
+    if session.__class__ is not Session and not isinstance(session, Session):
         raise SessionConfigurationError(
             f"session_factory must return a sqlalchemy.orm.Session, got {type(session).__name__}"
         )
@@ -44,7 +44,7 @@ def check_session_factory(
     then run on the first message, raising the same errors.
     """
     session = session_factory()
-    if not isinstance(session, Session):
+    if session.__class__ is not Session and not isinstance(session, Session):
         return  # a stand-in for now; refuse_busy_session() refuses it if it is ever used
     refuse_busy_session(session)  # before the try: a busy session is not ours to close
     try:

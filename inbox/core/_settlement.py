@@ -25,7 +25,7 @@ from inbox.message import Message
 from inbox.result import Outcome, ProcessResult
 from inbox.telemetry._core import MessageWatch, watch
 
-__all__ = ["Failed", "Pause", "Run", "Settlement", "Steps", "advance", "settle"]
+__all__ = ["Failed", "Pause", "Run", "Settlement", "Steps", "advance", "settle", "settled"]
 
 logger = logging.getLogger("inbox.core")
 
@@ -45,10 +45,13 @@ class Run:
 Steps: TypeAlias = Generator[Run | Pause, "Outcome | Failed | None", ProcessResult]
 
 
-def settle(planned: Planned, backoff: Backoff) -> Steps:
+def settle(planned: Planned, backoff: Backoff, *, first: Failed | None = None) -> Steps:
     """The steps that settle ``planned``: each handler's transaction, re-run after transient
     errors as ``backoff`` allows; returns the result (or raises
-    :class:`~inbox.HandlerFailed`, or a configuration error as itself)."""
+    :class:`~inbox.HandlerFailed`, or a configuration error as itself).
+
+    ``first``: the first handler's first run was already made, unwatched, and failed so
+    (see :func:`settled`): the steps go on from there, deciding as for any run."""
     message = planned.message
     settlement = Settlement(message)
     watch = settlement.watch
@@ -56,7 +59,10 @@ def settle(planned: Planned, backoff: Backoff) -> Steps:
         running = _UNWATCHED if watch is None else watch.running(handler.name)
         with running:
             run = Run(handler, key, message)
-            done = yield run
+            if first is None:
+                done = yield run
+            else:
+                done, first = first, None
             if done.__class__ is Failed and not isinstance(done.error, SETUP_ERRORS):
                 what = functools.partial(describe, handler, message)
                 done = yield from rerun(run, done, backoff, what)
@@ -72,6 +78,14 @@ def settle(planned: Planned, backoff: Backoff) -> Steps:
             zip((h.name for h in planned.handlers), planned.keys, strict=True)
         )
     return settlement.result()
+
+
+def settled(message: Message, handler: str, outcome: Outcome, key: bytes) -> ProcessResult:
+    """The result of a message taken by one ``handler`` whose first run ended in
+    ``outcome``, with no telemetry watching (:func:`~inbox.telemetry._core.watched` False):
+    what :func:`settle` returns then, without its steps (the common case, made cheap)."""
+    _log_done(message, handler, outcome, key)
+    return ProcessResult(message.id, {handler: outcome})
 
 
 def advance(steps: Steps, reply: Outcome | Failed | None) -> Run | Pause | ProcessResult:
@@ -105,24 +119,7 @@ class Settlement:
         self.outcomes[handler] = outcome
         if self.watch is not None:
             self.watch.done(handler, outcome)
-        # isEnabledFor first: the key is formatted only for a line that is written.
-        if outcome is Outcome.DUPLICATE:
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "duplicate skipped: message %s (type %r) already processed by %s%s",
-                    self.message.id,
-                    self.message.type,
-                    handler,
-                    _under(self.message, key),
-                )
-        elif logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "message %s (type %r) processed by %s%s",
-                self.message.id,
-                self.message.type,
-                handler,
-                _under(self.message, key),
-            )
+        _log_done(self.message, handler, outcome, key)
 
     def failed(self, handler: str, error: Exception, key: bytes | None = None) -> None:
         """Record a handler whose transaction was rolled back (it claims under ``key``)."""
@@ -152,6 +149,27 @@ class Settlement:
             first = next(iter(self.failures.values()))
             raise HandlerFailed(self.message.id, self.failures, result, self.claim_keys) from first
         return result
+
+
+def _log_done(message: Message, handler: str, outcome: Outcome, key: bytes | None) -> None:
+    # isEnabledFor first: the key is formatted only for a line that is written.
+    if outcome is Outcome.DUPLICATE:
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "duplicate skipped: message %s (type %r) already processed by %s%s",
+                message.id,
+                message.type,
+                handler,
+                _under(message, key),
+            )
+    elif logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "message %s (type %r) processed by %s%s",
+            message.id,
+            message.type,
+            handler,
+            _under(message, key),
+        )
 
 
 def _under(message: Message, key: bytes | None) -> str:

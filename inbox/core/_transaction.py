@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from contextvars import Token
 from types import TracebackType
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction
 
 from inbox._backends import Backend, Claimed, ClaimRow, Claims, TransactionState, backend_for
@@ -109,7 +109,8 @@ class HandlerTransaction:
         the connection the claims use; the driver begins with the first statement."""
         session = self._session
         bind = session.get_bind(clause=self._claims.bind_clause)
-        refuse_shared_transaction(session, bind)
+        if bind.__class__ is not Engine:  # an Engine's own transaction is never shared
+            refuse_shared_transaction(session, bind)
         self._transaction = session.begin()
         try:
             connection = self._connection = session.connection(bind_arguments={"bind": bind})
@@ -120,7 +121,8 @@ class HandlerTransaction:
             self._transaction = None
             raise
         backend = self._backend = backend_for(connection.dialect)
-        backend.watch(connection.engine)
+        if backend.error_listener is not None:
+            backend.watch(connection.engine)
         if not backend.refuses_autocommit:
             refuse_autocommit(connection)
         return connection
@@ -166,16 +168,23 @@ class HandlerTransaction:
         back or close meanwhile; ``key`` is its claim key (what ``inbox.effect`` keys on).
         A :class:`BaseException` other than ``KeyboardInterrupt`` and ``SystemExit`` is
         raised as :class:`~inbox.HandlerInterrupted`."""
-        current = self.handler_started(handler, message, guards, key)
+        # handler_started() and handler_finished() written out: this runs once per message.
+        session, transaction, connection = self._session, self._transaction, self._connection
+        assert transaction is not None
+        self._ran.append((handler, message))
+        guard(session, transaction, connection, guards)
+        run = HandlerRun(self._owner, key, handler.name, connection, message.id)
+        current = CURRENT_RUN.set(run)
         try:
-            returned = handler.func(message, self._session)
+            returned = handler.func(message, session)
         except (Exception, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as interrupt:
             raise HandlerInterrupted(handler.name, interrupt) from interrupt
         finally:
-            self.handler_finished(current)
-        if inspect.isawaitable(returned):
+            CURRENT_RUN.reset(current)
+            unguard(session, transaction, connection)
+        if returned is not None and inspect.isawaitable(returned):
             if inspect.iscoroutine(returned):
                 returned.close()  # never awaited: say so here rather than in a warning
             raise RegistrationError(

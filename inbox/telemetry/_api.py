@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram
     from opentelemetry.trace import Tracer
 
-__all__ = ["INSTRUMENTS", "Instruments", "configured", "metering", "refresh", "tracing"]
+__all__ = [
+    "INSTRUMENTS",
+    "Instruments",
+    "any_provider",
+    "configured",
+    "metering",
+    "refresh",
+    "tracing",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +164,8 @@ tracing = _PROVIDERS.tracing
 """An OpenTelemetry tracer provider has been set (an SDK records spans)."""
 metering = _PROVIDERS.metering
 """An OpenTelemetry meter provider has been set (an SDK records metrics)."""
+any_provider = _PROVIDERS.any
+"""An OpenTelemetry tracer or meter provider has been set."""
 refresh = _PROVIDERS.refresh
 """Look for a provider set since the inbox last looked (it looks at most once a second)."""
 

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
 from inbox.result import Outcome
 from inbox.telemetry import _names as n
-from inbox.telemetry._api import INSTRUMENTS, Instruments, configured, metering, tracing
+from inbox.telemetry._api import (
+    INSTRUMENTS,
+    Instruments,
+    any_provider,
+    configured,
+    metering,
+    tracing,
+)
 from inbox.telemetry._context import extract_context
 
 if TYPE_CHECKING:
@@ -25,7 +32,15 @@ if TYPE_CHECKING:
 
     from inbox.message import Message
 
-__all__ = ["FAILED", "ClaimTimer", "MessageWatch", "claim_timer", "message_time", "watch"]
+__all__ = [
+    "FAILED",
+    "ClaimTimer",
+    "MessageWatch",
+    "claim_timer",
+    "message_time",
+    "watch",
+    "watched",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -193,6 +208,12 @@ def watch(message: Message) -> MessageWatch | None:
     if instruments is None:
         return None
     return MessageWatch(instruments, message)
+
+
+def watched() -> bool:
+    """Whether :func:`watch` would watch a message now (OpenTelemetry installed and a
+    provider set): without, the inbox may settle a message without a watch at all."""
+    return INSTRUMENTS is not None and any_provider()
 
 
 def claim_timer() -> ClaimTimer | None:

@@ -150,22 +150,28 @@ class PsycopgBackend(Backend):
         the claim must go the ordinary way."""
         options = connection.get_execution_options()
         fairy = connection.connection
-        driver: Any = fairy.driver_connection
+        # Blocking psycopg: the DBAPI connection is psycopg's own (asyncio: SQLAlchemy's
+        # adapter around it, and driver_connection the AsyncConnection).
+        driver: Any = (
+            fairy.driver_connection if connection.dialect.is_async else fairy.dbapi_connection
+        )
         pgconn = driver.pgconn
         if driver.autocommit or options.get("isolation_level") == "AUTOCOMMIT":
             refuse_autocommit(connection)
-        dispatch = connection.engine.dispatch
         if (
             not self._pipelines
             or options.get(OPTION) is False
             or pgconn.transaction_status != LIBPQ_IDLE
             # Statement listeners (tracing, logging) see the claim: it goes their way.
-            or dispatch.before_cursor_execute
-            or dispatch.after_cursor_execute
+            or _statement_listeners(connection)
         ):
             return None
         translate = options.get(_TRANSLATE)
-        text = self._texts.get((claims.table, translation_key(translate)))
+        text = (
+            self._texts.get((claims.table, None))
+            if translate is None
+            else self._texts.get((claims.table, translation_key(translate)))
+        )
         if text is None:
             text = self._render(claims, translate)
         info = fairy.info
@@ -185,7 +191,14 @@ class PsycopgBackend(Backend):
         ]
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("BEGIN and %s in one round trip: %r", text.name or b"claim", params)
-        begin = _begin_statement(driver)
+        # What psycopg itself sends to begin a transaction, from its public settings.
+        isolation, read_only = driver.isolation_level, driver.read_only
+        deferrable = driver.deferrable
+        begin = (
+            b"BEGIN"
+            if isolation is None and read_only is None and deferrable is None
+            else _begin_statement(isolation, read_only, deferrable)
+        )
         return pgconn, begin_and_claim(pgconn, begin, text, params, parse=parse), parse, name, info
 
     def _claimed(
@@ -284,11 +297,19 @@ def _sqlstate(result: Any) -> bytes | None:
     return sqlstate
 
 
-def _begin_statement(driver: Any) -> bytes:
-    # What psycopg itself sends to begin a transaction, from its public settings.
-    isolation, read_only, deferrable = driver.isolation_level, driver.read_only, driver.deferrable
-    if isolation is None and read_only is None and deferrable is None:
-        return b"BEGIN"
+def _statement_listeners(connection: Connection) -> bool:
+    """Whether statement listeners (``before_`` / ``after_cursor_execute``) would see a
+    statement on ``connection``. ``_has_events`` is SQLAlchemy's own flag, set on a
+    connection or engine (or their class) as any connection event listener is added, and
+    read by SQLAlchemy before every statement: without it there is no listener to ask about
+    (the common case costs no call into the event system)."""
+    if not (connection._has_events or connection.engine._has_events):
+        return False
+    dispatch = connection.engine.dispatch
+    return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
+
+
+def _begin_statement(isolation: Any, read_only: bool | None, deferrable: bool | None) -> bytes:
     parts = [b"BEGIN"]
     if isolation is not None:
         parts.append(b"ISOLATION LEVEL " + _ISOLATION[int(isolation)])

@@ -20,7 +20,7 @@ import datetime as dt
 import enum
 import threading
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, event
@@ -30,6 +30,7 @@ from inbox._backends._claims import Claims
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.sql import ClauseElement
 
 __all__ = ["Backend", "ClaimRow", "Claimed", "TransactionState"]
 
@@ -94,6 +95,14 @@ class Backend:
             if engine not in _watched:
                 event.listen(engine, "handle_error", listener)
                 _watched.add(engine)
+
+    def write_alone(
+        self, connection: Connection, statement: ClauseElement, params: Mapping[str, object]
+    ) -> int | None:
+        """Run the write ``statement`` as a transaction of its own on ``connection`` (not in
+        one) in a single round trip and return its row count, where the driver has a
+        cheaper way than SQLAlchemy's; None (the default): run it the ordinary way."""
+        return None
 
     def before_claims(self, connection: Connection) -> None:
         """Called before the first claim of each transaction (nothing by default)."""

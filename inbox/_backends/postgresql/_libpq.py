@@ -24,7 +24,7 @@ from inbox._backends._waits import READ, READ_WRITE, Protocol
 if TYPE_CHECKING:
     from psycopg.pq.abc import PGconn, PGresult
 
-__all__ = ["ClaimText", "PipelineFailed", "begin_and_claim", "simple_command"]
+__all__ = ["ClaimText", "PipelineFailed", "begin_and_claim", "lone_write", "simple_command"]
 
 # libpq's values (psycopg.pq.ExecStatus / PipelineStatus), compared without an import.
 _COMMAND_OK: Final = 1
@@ -111,6 +111,31 @@ def simple_command(pgconn: PGconn, command: bytes) -> Protocol[None]:
         results.append(result)
     if any(result.status != _COMMAND_OK for result in results):
         raise PipelineFailed(results)
+
+
+def lone_write(pgconn: PGconn, sql: bytes, params: Sequence[bytes | None]) -> Protocol[int]:
+    """Send one statement, unnamed, with ``params`` in text format (their types inferred
+    by the server), outside any transaction (the server runs and commits it alone), and
+    return its row count; an error result raises :class:`PipelineFailed`."""
+    pgconn.send_query_params(sql, params)
+    while pgconn.flush():
+        yield READ_WRITE
+        pgconn.consume_input()  # the server may answer while we still send
+    results = []
+    while True:
+        while pgconn.is_busy():
+            yield READ
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        results.append(result)
+    for result in results:  # a loop, not any(): no generator per write
+        if result.status != _COMMAND_OK:
+            raise PipelineFailed(results)
+    if not results:
+        raise PipelineFailed(results)
+    return results[-1].command_tuples or 0
 
 
 def _flush(pgconn: PGconn) -> Protocol[None]:

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Connection, Dialect, Table
@@ -34,6 +34,7 @@ from inbox._backends._autocommit import refuse_autocommit
 from inbox._backends._base import Backend, Claimed, ClaimRow, TransactionState
 from inbox._backends._claims import Claims, translation_key, won
 from inbox._backends._waits import drive, drive_async
+from inbox._backends.postgresql._alone import write_alone
 from inbox._backends.postgresql._claims import MARKER, marked_claim
 from inbox._backends.postgresql._libpq import (
     ClaimText,
@@ -45,6 +46,7 @@ from inbox._backends.postgresql._psycopg2 import LIBPQ_IDLE, LIBPQ_IN_TRANSACTIO
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.sql import ClauseElement
 
 __all__ = ["OPTION", "PsycopgBackend"]
 
@@ -275,6 +277,12 @@ class PsycopgBackend(Backend):
         except Exception:
             return False
         return True
+
+    def write_alone(
+        self, connection: Connection, statement: ClauseElement, params: Mapping[str, object]
+    ) -> int | None:
+        """On the libpq connection: :func:`~inbox._backends.postgresql._alone.write_alone`."""
+        return write_alone(connection, statement, params)
 
     def before_claims(self, connection: Connection) -> None:
         """A batch's claims go through SQLAlchemy: refuse autocommit first."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from inspect import CO_COROUTINE
+from types import FunctionType
+from typing import Any, Final
 
 from sqlalchemy import Engine
 
@@ -60,7 +62,9 @@ class Effects(EffectsBase[Engine]):
     def run(self, step: object, call: EffectCall, mode: object) -> Any:
         """``Inbox.effect``: see its docstring."""
         run, ref, steps = self._begin(step, call, mode)
-        if inspect.iscoroutinefunction(call):
+        # A plain function that is no coroutine function is told without a call.
+        plain = call.__class__ is FunctionType and not call.__code__.co_flags & CO_COROUTINE
+        if not plain and inspect.iscoroutinefunction(call):
             raise EffectError(
                 f"effect {ref.step!r}: call is a coroutine function; the blocking Inbox cannot "
                 "await it (use inbox.aio.AsyncInbox and 'await inbox.effect(...)')"
@@ -85,13 +89,17 @@ class Effects(EffectsBase[Engine]):
                         reply = Failed(exc)
                     finally:
                         run.leave(ref.step)
-                    if inspect.isawaitable(reply):
+                    if reply.__class__ not in _RESULTS and inspect.isawaitable(reply):
                         reply = _awaitable(reply, ref)
                 else:
                     time.sleep(step.seconds)  # type: ignore[union-attr]
                     reply = None
         except StopIteration as stop:
             return stop.value
+
+
+_RESULTS: Final = frozenset({dict, list, str, int, float, bool, type(None)})
+"""Types of results never awaitable: told without asking inspect."""
 
 
 def _awaitable(result: Awaitable[Any], ref: EffectRef) -> Failed:

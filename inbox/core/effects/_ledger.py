@@ -27,7 +27,7 @@ from typing import Final
 from sqlalchemy import Connection, Insert, Table, Update, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from inbox._backends import Family, families
+from inbox._backends import Family, backend_for, families
 from inbox.core.effects._identity import EffectMode, EffectRef
 from inbox.errors import UncertainEffect
 from inbox.telemetry import record_effect
@@ -139,10 +139,19 @@ class Ledger:
     def _start(
         self, connection: Connection, ref: EffectRef, mode: EffectMode, at: dt.datetime
     ) -> Call | Stored:
-        _one_round_trip(connection)
-        with connection.begin():
-            if self._insert(connection, ref, at):
-                return Call(1)
+        row = self._row(ref, at)
+        family = families[type(connection.dialect)]
+        statement = self._insert_statement(family)
+        inserted = None
+        if statement is not None and family.commits_single_writes_itself:
+            inserted = backend_for(connection.dialect).write_alone(connection, statement, row)
+        if inserted is None:  # the ordinary way
+            _one_round_trip(connection)
+            with connection.begin():
+                if self._insert(connection, row):
+                    return Call(1)
+        elif inserted == 1:
+            return Call(1)
         # Recorded already (a retry): decide in a real transaction, the record locked.
         if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
             connection.execution_options(isolation_level=connection.default_isolation_level)
@@ -209,6 +218,10 @@ class Ledger:
 
     @staticmethod
     def _write_end(connection: Connection, statement: Update, params: dict[str, object]) -> bool:
+        if families[type(connection.dialect)].commits_single_writes_itself:
+            written = backend_for(connection.dialect).write_alone(connection, statement, params)
+            if written is not None:
+                return written == 1
         _one_round_trip(connection)
         with connection.begin():
             result = connection.execute(
@@ -216,13 +229,9 @@ class Ledger:
             )
             return result.rowcount == 1
 
-    def _insert(self, connection: Connection, ref: EffectRef, at: dt.datetime) -> bool:
-        """Insert the started record: True if inserted, False if it was there already.
-
-        Insert-or-ignore on the primary key only, as the claim does: a violation of any
-        other constraint is an error, never mistaken for an existing record.
-        """
-        row = {
+    @staticmethod
+    def _row(ref: EffectRef, at: dt.datetime) -> dict[str, object]:
+        return {
             "effect_key": ref.key,
             "claim_key": ref.claim_key,
             "handler": ref.handler,
@@ -232,11 +241,23 @@ class Ledger:
             "started_at": at,
             "updated_at": at,
         }
-        family = families[type(connection.dialect)]
+
+    def _insert_statement(self, family: Family) -> Insert | None:
+        """The family's insert-or-ignore on the effect key (None: a plain insert)."""
         try:
-            statement = self._inserts[family]
+            return self._inserts[family]
         except KeyError:
             statement = self._inserts[family] = family.insert_or_ignore(self.table, "effect_key")
+            return statement
+
+    def _insert(self, connection: Connection, row: dict[str, object]) -> bool:
+        """Insert the started record ``row``: True if inserted, False if it was there already.
+
+        Insert-or-ignore on the primary key only, as the claim does: a violation of any
+        other constraint is an error, never mistaken for an existing record.
+        """
+        family = families[type(connection.dialect)]
+        statement = self._insert_statement(family)
         if statement is not None:
             return connection.execute(statement, row).rowcount == 1
         try:

@@ -50,6 +50,10 @@ _rendered: dict[tuple[int, tuple[str, ...], Hashable], tuple[ClauseElement, _Ren
 _rendered_lock = threading.Lock()
 
 
+class _NotEncoded(Exception):
+    """A value of a type this path does not encode: the write goes the ordinary way."""
+
+
 def write_alone(
     connection: Connection, statement: ClauseElement, params: Mapping[str, object]
 ) -> int | None:
@@ -74,7 +78,7 @@ def write_alone(
     try:
         given = [params[name] if name in params else fixed[name] for name in names]
         values = _encoded(given, encoding, driver)
-    except (TypeError, ValueError, UnicodeError):
+    except (_NotEncoded, UnicodeError):
         return None
     try:
         return drive(lone_write(pgconn, sql, values), pgconn.socket)
@@ -112,7 +116,7 @@ def _render(statement: ClauseElement, keys: tuple[str, ...], translate: Any) -> 
 
 def _encoded(values: Sequence[object], encoding: bytes | None, driver: Any) -> list[bytes | None]:
     """The values in libpq's text format, as the columns' types bind them (a key as its 16
-    bytes, an instant with its zone); TypeError for a value of another type. Written for
+    bytes, an instant with its zone); :class:`_NotEncoded` for a value of another type. Written for
     as few calls as can be: this runs for every record the ledger writes."""
     params: list[bytes | None] = []
     append = params.append
@@ -132,5 +136,5 @@ def _encoded(values: Sequence[object], encoding: bytes | None, driver: Any) -> l
         elif cls is dt.datetime and value.tzinfo is not None:  # type: ignore[attr-defined]
             append(value.isoformat().encode())  # type: ignore[attr-defined]
         else:
-            raise TypeError(f"no lone-write encoding for {cls.__name__}")
+            raise _NotEncoded(cls.__name__)
     return params

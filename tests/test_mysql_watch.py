@@ -27,6 +27,7 @@ from inbox import (
     TransactionControlError,
 )
 from inbox._backends import backend_for
+from inbox._backends.mysql import FAMILY
 from inbox._backends.mysql._pymysql import PyMySQLBackend, still_open, watch
 from inbox.schema import inbox_message
 
@@ -77,8 +78,11 @@ def raw(*statements: str) -> Callable[[Session], None]:
     return run
 
 
-def test_pymysql_gets_the_watching_backend(mariadb_db: Database) -> None:
+def test_pymysql_gets_the_watching_backend_and_asyncmy_keeps_the_read(
+    mariadb_db: Database,
+) -> None:
     assert isinstance(backend_for(mariadb_db.engine.dialect), PyMySQLBackend)
+    assert not isinstance(FAMILY.backend("asyncmy"), PyMySQLBackend)
 
 
 def test_a_handler_that_only_writes_commits_without_reading_its_claim(

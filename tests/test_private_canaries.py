@@ -632,5 +632,6 @@ def test_pymysql_connection_has_the_command_hook_the_watch_overrides() -> None:
     for method in (Connection.commit, Connection.rollback, Connection.query, Connection.ping):
         assert "self._execute_command(" in inspect.getsource(method)
     assert "__slots__" not in vars(Connection)
-    assert _Watched.__mro__[1] is Connection and "__slots__" not in vars(_Watched)
+    assert _Watched.__mro__[1] is Connection
+    assert "__slots__" not in vars(_Watched)
     assert "self._result = None" in inspect.getsource(Connection._read_query_result)

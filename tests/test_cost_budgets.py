@@ -41,7 +41,7 @@ BUDGETS: dict[str, tuple[float, dict[str, int]]] = {
     "async/first": (0, {"2.0": 120, "2.1": 119}),
     "async/duplicate": (-1, {"2.0": -271, "2.1": -278}),
     "async/batch": (0.02, {"2.0": 95, "2.1": 87}),
-    "mariadb/first": (2, {"2.0": 471, "2.1": 471}),
+    "mariadb/first": (1, {"2.0": 254, "2.1": 254}),
     "mariadb/duplicate": (0, {"2.0": 61, "2.1": 57}),
 }
 

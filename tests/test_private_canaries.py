@@ -665,3 +665,25 @@ def test_celery_consumer_refusal_handlers_keep_their_arguments() -> None:
     for name in ("on_unknown_message", "on_unknown_task", "on_invalid_task"):
         assert f"{name} = self.{name}" in handler
     assert "self.on_decode_error(message, exc)" in handler
+
+
+def test_pymysql_connection_has_the_command_hook_the_watch_overrides() -> None:
+    """inbox/_backends/mysql/_pymysql.py swaps a PyMySQL connection's class for a subclass
+    overriding ``_execute_command(command, sql)``: the method must exist with that signature,
+    be what commit(), rollback() and query() send through, and the class must have no
+    ``__slots__`` of its own (``__class__`` assignment needs the same layout). The behaviour
+    against a server: tests/test_mysql_watch.py."""
+    import inspect
+
+    from pymysql.connections import Connection
+
+    from inbox._backends.mysql._pymysql import _Watched
+
+    parameters = list(inspect.signature(Connection._execute_command).parameters)
+    assert parameters == ["self", "command", "sql"]
+    for method in (Connection.commit, Connection.rollback, Connection.query, Connection.ping):
+        assert "self._execute_command(" in inspect.getsource(method)
+    assert "__slots__" not in vars(Connection)
+    assert _Watched.__mro__[1] is Connection
+    assert "__slots__" not in vars(_Watched)
+    assert "self._result = None" in inspect.getsource(Connection._read_query_result)

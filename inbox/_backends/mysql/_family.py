@@ -51,7 +51,12 @@ class MySQLFamily(Family):
     drivers = frozenset({"pymysql", "asyncmy"})
 
     def backend(self, driver: str) -> object | None:
-        """A deadlock that rolled the transaction back remembered as it happens."""
+        """A deadlock that rolled the transaction back remembered as it happens; on PyMySQL,
+        the transaction also watched from the claim to the check (no claim-row read)."""
+        if driver == "pymysql":
+            from inbox._backends.mysql._pymysql import PyMySQLBackend
+
+            return PyMySQLBackend()
         from inbox._backends.mysql._backend import MySQLBackend
 
         return MySQLBackend()

@@ -133,9 +133,10 @@ def test_a_task_cancelled_at_any_await_point_rolls_back_and_raises_cancelled_err
             event.listen(sync_engine, "commit", on_commit)
             try:
                 task = asyncio.create_task(inbox.process(fixed(1)))
-                if point == "claim-check" and adb.driver == "psycopg":
-                    # No claim check on psycopg: the server's reported marker says the
-                    # transaction is the claim's (inbox/_backends/postgresql/_psycopg.py).
+                if point == "claim-check" and adb.driver in ("psycopg", "asyncpg"):
+                    # No claim check on psycopg or asyncpg: the server's reported marker says
+                    # the transaction is the claim's (inbox/_backends/postgresql/_psycopg.py,
+                    # _asyncpg.py).
                     assert (await task).outcome is Outcome.PROCESSED
                     assert cancelled_at == []
                     assert adb.db.effect_counts() == BOTH_EFFECTS

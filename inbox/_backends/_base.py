@@ -81,9 +81,17 @@ class Backend:
     refuses_autocommit: bool = False
     """The backend refuses a connection in autocommit mode itself, in its claims (else the
     handler transaction asks before the first claim)."""
+    claims_natively_async: bool = False
+    """The subclass overrides :meth:`begin_and_claim_async` (set for it, by
+    ``__init_subclass__``): async code awaits that; else it begins and claims in one
+    ``run_sync``."""
     error_listener: Callable[[ExceptionContext], None] | None = None
     """A ``handle_error`` listener the backend needs on every engine it serves: it runs only
     when a statement fails, so it costs the application's statements nothing."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.claims_natively_async = cls.begin_and_claim_async is not Backend.begin_and_claim_async
 
     def watch(self, engine: Engine) -> None:
         """Called with each engine before its transactions: install :attr:`error_listener`

@@ -6,7 +6,8 @@ runs blocking-style code on ``AsyncSession.sync_session`` in a greenlet and awai
 driver wherever that code does I/O. So the blocking transaction's steps (begin and the
 checks, the claim-row read and commit, the rollback and the early-commit check) run here
 unchanged; the handler is awaited between the same guards, and a backend that speaks to its
-driver directly (psycopg 3) awaits its claim natively.
+driver directly (psycopg 3) awaits its claim natively. Every other backend begins and claims
+in one ``run_sync``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ class AsyncHandlerTransaction:
     async def begin_and_claim(self, key: bytes, handler: str) -> bool:
         """Begin with the claim ``(key, handler)``: True if won, False if a duplicate."""
         transaction = self._transaction
-        connection = await self._session.run_sync(_begin, transaction)
+        begun = await self._session.run_sync(_begin_and_claim, transaction, key, handler)
+        if begun is True or begun is False:  # claimed in the greenlet (no call: a hot path)
+            return begun
+        # A backend with a claim of its own for async code (psycopg 3): awaited natively.
+        connection = begun
         row = ClaimRow(key, handler, transaction.at)
         timer = claim_timer()
         started = 0.0 if timer is None else timer.started()
@@ -122,8 +127,24 @@ class AsyncHandlerTransaction:
         await self._session.run_sync(_finish, transaction, exc, ended)
 
 
-def _begin(_session: object, transaction: HandlerTransaction) -> Connection:
-    return transaction.begin()
+def _begin_and_claim(
+    _session: object, transaction: HandlerTransaction, key: bytes, handler: str
+) -> Connection | bool:
+    # Begin, and claim in the same greenlet where the backend claims through SQLAlchemy
+    # anyway (one run_sync per message instead of two): whether won. A backend that claims
+    # natively from async code gets the connection back instead.
+    connection = transaction.begin()
+    backend = transaction.backend
+    if backend.claims_natively_async:
+        return connection
+    row = ClaimRow(key, handler, transaction.at)
+    timer = claim_timer()
+    started = 0.0 if timer is None else timer.started()
+    claimed = backend.begin_and_claim(connection, transaction.claims, row)
+    if timer is not None:
+        timer.record(handler, started)
+    transaction.claimed(claimed, key, handler)
+    return claimed.won
 
 
 def _claim_many(

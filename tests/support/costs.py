@@ -283,11 +283,23 @@ def tenant_path(url: str, counter: RoundTripCounter, out: dict[str, Any]) -> Non
         admin.dispose()
 
 
-def async_paths(url: str, counter: RoundTripCounter, out: dict[str, Any]) -> None:
-    async_url = make_url(counter.url(url)).set(drivername="postgresql+psycopg")
+def async_paths(
+    url: str, counter: RoundTripCounter, out: dict[str, Any], driver: str = "psycopg"
+) -> None:
+    """The async paths through ``driver``: ``async/...`` for psycopg, ``asyncpg/...``."""
+    async_url = make_url(counter.url(url))
+    connect_args: dict[str, Any] = {}
+    if driver == "asyncpg":
+        # asyncpg takes server settings as a keyword, not libpq's "options" parameter.
+        options = str(async_url.query.get("options", ""))
+        async_url = async_url.difference_update_query(["options"])
+        if options.startswith("-csearch_path="):
+            connect_args["server_settings"] = {"search_path": options.split("=", 1)[1]}
+    async_url = async_url.set(drivername=f"postgresql+{driver}")
+    prefix = "async" if driver == "psycopg" else driver
 
     async def main() -> None:
-        engine = create_async_engine(async_url)
+        engine = create_async_engine(async_url, connect_args=connect_args)
         sessions = async_sessionmaker(engine)
 
         async def plain() -> None:
@@ -321,7 +333,7 @@ def async_paths(url: str, counter: RoundTripCounter, out: dict[str, Any]) -> Non
         }
         with injected():
             for name, (baseline, step, per) in cases.items():
-                out[f"async/{name}"] = {
+                out[f"{prefix}/{name}"] = {
                     "plain": {
                         "round_trips": await round_trips_async(counter, baseline, per),
                         "calls": await calls_async(baseline, per),
@@ -380,6 +392,7 @@ def measure(postgres_url: str, mariadb_url: str) -> dict[str, Any]:
             return out
         tenant_path(postgres_url, counter, out)
         async_paths(postgres_url, counter, out)
+        async_paths(postgres_url, counter, out, "asyncpg")
     maria = make_url(mariadb_url)
     with RoundTripCounter(maria.host or "127.0.0.1", maria.port or 3306) as counter:
         mariadb_paths(mariadb_url, counter, out)

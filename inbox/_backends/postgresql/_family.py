@@ -65,9 +65,10 @@ class PostgreSQLFamily(Family):
     drivers = frozenset({"psycopg", "psycopg2", "pg8000", "asyncpg"})
 
     def backend(self, driver: str) -> object | None:
-        """psycopg 3 and psycopg2 read the transaction's state from libpq; asyncpg and pg8000
-        keep the base class's answer ("unknown": read the claim row), because neither tells
-        publicly whether the open transaction is aborted."""
+        """psycopg 3 and psycopg2 read the transaction's state from libpq, asyncpg from its
+        connection's transaction flag and the marker it kept; pg8000 keeps the base class's
+        answer ("unknown": read the claim row), because it does not tell publicly whether
+        the open transaction is aborted."""
         if driver == "psycopg":
             from inbox._backends.postgresql._psycopg import PsycopgBackend
 
@@ -76,6 +77,10 @@ class PostgreSQLFamily(Family):
             from inbox._backends.postgresql._psycopg2 import Psycopg2Backend
 
             return Psycopg2Backend()
+        if driver == "asyncpg":
+            from inbox._backends.postgresql._asyncpg import AsyncpgBackend
+
+            return AsyncpgBackend()
         return None
 
     def claim_statements(self, table: Table) -> ClaimStatements:

@@ -7,9 +7,9 @@ is open and the marker still reads ``on``: any COMMIT or ROLLBACK under the hand
 have reverted it, even one after which the driver silently began a new transaction. Both
 reads are public psycopg2 API and local: no round trip.
 
-asyncpg and pg8000 keep the base class's answer ("unknown": read the claim row), because
-neither tells publicly whether the open transaction is aborted, and a COMMIT of an aborted
-transaction silently rolls back.
+pg8000 keeps the base class's answer ("unknown": read the claim row), because it does not
+tell publicly whether the open transaction is aborted, and a COMMIT of an aborted
+transaction silently rolls back (asyncpg: ``_asyncpg``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The worker's batch acks: one ``basic.ack(multiple=True)`` per batch on RabbitMQ where the
 delivery tags allow it (a batch handler writing the batch, a poison message copied to its
-retry queue and acked alone), and the rule that decides it (``inbox.broker._acks``)."""
+retry queue and acked alone), and the rule that decides it (``inbox.broker._acks``); one
+delivery at a time, the acks of committed deliveries held back while more are at hand and
+sent together, each after its delivery's commit."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +17,7 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session
 from support.databases import Database, effects
 from support.rabbit import Rabbit
-from support.worker import run_until_idle
+from support.worker import run_in_thread, run_until_idle, wait_until
 
 from inbox import Inbox, Message
 from inbox.broker import Publisher, RetryPolicy, Worker
@@ -31,6 +34,8 @@ class AckLog:
 
     sent: list[tuple[int, bool]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    on_ack: Callable[[int], None] | None = None
+    """Called with each ack's tag as it is sent."""
 
 
 @pytest.fixture
@@ -42,6 +47,8 @@ def ack_log(monkeypatch: pytest.MonkeyPatch) -> AckLog:
     def basic_ack(channel: Any, delivery_tag: int, multiple: bool = False, **kw: Any) -> Any:
         with log.lock:
             log.sent.append((delivery_tag, multiple))
+            if log.on_ack is not None:
+                log.on_ack(delivery_tag)
         return original(channel, delivery_tag, multiple, **kw)
 
     monkeypatch.setattr(amqp.Channel, "basic_ack", basic_ack)
@@ -157,3 +164,92 @@ def test_the_rule_acks_together_only_a_gapless_run_with_nothing_held() -> None:
     AckTracker(multiple=False).ack([e[1], e[2]], [e[1], e[2]], holding=0)  # not RabbitMQ
     assert log == [(1, False), (2, False)]
     assert tracker.multiple_acks == 3
+
+
+def single_inbox(db: Database) -> Inbox:
+    inbox = Inbox(db.sessions)
+
+    @inbox.handler("order.created", name=NAME)
+    def single(message: Message, session: Session) -> None:
+        session.execute(insert(effects).values(ref=str(message.body["ref"]), handler=NAME))
+
+    return inbox
+
+
+def test_one_at_a_time_committed_deliveries_are_acked_together_each_after_its_commit(
+    pg_db: Database, rabbit: Rabbit, ack_log: AckLog
+) -> None:
+    queue = rabbit.queue()
+    committed_at_ack: list[tuple[int, int]] = []  # (tag acked, rows committed by then)
+
+    def on_ack(tag: int) -> None:
+        committed_at_ack.append((tag, sum(pg_db.effect_counts().values())))
+
+    ack_log.on_ack = on_ack
+    worker = Worker(single_inbox(pg_db), rabbit.url, [queue], prefetch=40, stats_interval=None)
+    worker.prepare()
+    refs = [f"m{i}" for i in range(60)]
+    publish(rabbit.url, queue, refs)  # all at hand before the worker starts
+    run_until_idle(worker, IDLE)
+    assert pg_db.effect_counts() == {(ref, NAME): 1 for ref in refs}
+    assert worker.stats.acked == 60
+    # At most prefetch // 4 = 10 acks held: a handful of frames for 60 deliveries, each a
+    # multiple ack up to a delivery that had committed (tags count the deliveries in order).
+    assert 6 <= len(ack_log.sent) < 60
+    assert all(multiple for _, multiple in ack_log.sent)
+    assert max(tag for tag, _ in ack_log.sent) == 60
+    assert all(tag <= committed for tag, committed in committed_at_ack), committed_at_ack
+    assert rabbit.depth(queue) == 0
+
+
+def test_held_acks_go_out_as_soon_as_no_more_deliveries_are_at_hand(
+    pg_db: Database, rabbit: Rabbit, ack_log: AckLog
+) -> None:
+    queue = rabbit.queue()
+    worker = Worker(single_inbox(pg_db), rabbit.url, [queue], prefetch=100, stats_interval=None)
+    worker.prepare()
+    thread = run_in_thread(worker)
+    try:
+        publish(rabbit.url, queue, ["a", "b", "c"])  # far fewer than the 25 it may hold
+        wait_until(lambda: len(pg_db.effect_counts()) == 3, "the three commits")
+        # Acked while the worker runs and waits for more, not at its stop.
+        wait_until(lambda: any(tag == 3 for tag, _ in ack_log.sent), "the ack of tag 3", 10.0)
+        assert thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_held_acks_go_together_only_up_to_a_gapless_settled_run_with_nothing_held() -> None:
+    log: list[tuple[int, bool]] = []
+    channel = object()
+    d = {tag: Stand(channel, tag, log) for tag in range(1, 12)}
+    tracker = AckTracker(multiple=True)
+    for tag in (1, 2, 3):  # 2 copied and acked on its own; 1 and 3 held
+        tracker.settled([d[tag]])
+    tracker.ack_settled([d[1], d[3]], holding=0)
+    assert log == [(3, True)]
+    log.clear()
+    tracker.settled([d[4]])
+    tracker.settled([d[5]])
+    tracker.ack_settled([d[4], d[5]], holding=1)  # a delivery held for later: one by one
+    assert log == [(4, False), (5, False)]
+    log.clear()
+    tracker.ack_settled([d[6]], holding=0)  # never recorded as settled: alone
+    assert log == [(6, False)]
+    log.clear()
+    tracker.settled([d[6]])
+    tracker.settled([d[8]])  # 7 unsettled: a gap
+    tracker.ack_settled([d[6], d[8]], holding=0)
+    assert log == [(6, False), (8, False)]
+    log.clear()
+    fresh = object()
+    e = {tag: Stand(fresh, tag, log) for tag in (1, 2)}
+    tracker.settled([e[1]])
+    tracker.ack_settled([d[9], e[1]], holding=0)  # two channels: one by one
+    assert log == [(9, False), (1, False)]
+    log.clear()
+    tracker.ack_settled([], holding=0)
+    assert log == []
+    assert tracker.multiple_acks == 1

@@ -12,14 +12,18 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, func, insert, select, text
+from sqlalchemy import Connection, Engine, Row, create_engine, delete, func, insert, select, text
 from support.databases import Database
 
 from inbox import cleanup
+from inbox.retention import _key_batches
+from inbox.retention._effect_records import effect_sizing
+from inbox.retention._key_batches import delete_by_keys
 from inbox.retention._pg_walk import _LOCK_SPACE, _oid_key
 from inbox.retention._sizing import (
     FIRST_ADAPTIVE_BATCH,
@@ -94,6 +98,38 @@ def test_a_pause_waits_between_batches_not_after_the_last(db: Database) -> None:
     assert (report.deleted, report.batches) == (9, 3)
     assert report.seconds >= 0.4  # two pauses: none after the last batch
     assert report.longest_batch_seconds < 0.2  # and none inside a batch
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected", "pauses"), [(9, (9, 3), 2), (8, (8, 2), 2), (0, (0, 0), 0)]
+)
+def test_the_key_batch_loop_pauses_between_batches_and_an_empty_look_is_no_batch(
+    db: Database,
+    monkeypatch: pytest.MonkeyPatch,
+    rows: int,
+    expected: tuple[int, int],
+    pauses: int,
+) -> None:
+    """The loop effect records and task results share: batches of 4, a pause after each
+    full one (a short batch is the last: no pause after it), and the look that finds
+    nothing left is no batch."""
+    if rows:
+        fill(db.engine, [dt.timedelta(days=90, seconds=i) for i in range(rows)])
+    slept: list[float] = []
+    monkeypatch.setattr(_key_batches.time, "sleep", slept.append)
+    key = inbox_message.c.message_id
+
+    def delete_keys(connection: Connection, found: Sequence[Row[Any]]) -> None:
+        connection.execute(delete(inbox_message).where(key.in_([row[0] for row in found])))
+
+    sizing = BatchSizing(fixed=4, pause=0.2)
+    deleted, batches, _ = delete_by_keys(
+        db.engine, lambda limit: select(key).order_by(key).limit(limit), delete_keys, sizing
+    )
+
+    assert (deleted, batches) == expected
+    assert slept == [0.2] * pauses
+    assert effect_sizing(None, 0.025, 0.1).pause == 0.1  # effects and results pause too
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy import Engine
 from support.databases import Database, fresh_database
+from support.rabbit import Rabbit
 
 HERE = Path(__file__).resolve().parent
 SQLALCHEMY = ".".join(sqlalchemy.__version__.split(".")[:2])
@@ -135,3 +136,37 @@ def test_one_more_statement_or_call_on_the_path_breaks_the_budgets(
     if work == "statement":
         committing.add("blocking/batch")
     assert committing <= broken, over_budget(counts)
+
+
+# The RabbitMQ worker, one delivery at a time at prefetch 100 (tests/support/worker_costs.py):
+# Python calls per delivery over a plain kombu consumer running the same transaction, and
+# basic.ack frames per delivery (the plain consumer: 1; the worker acks committed deliveries
+# together, a quarter of the prefetch at a time). Before that: +201 calls, 1 ack.
+WORKER_CALLS: dict[str, int] = {"2.0": 166, "2.1": 166}
+WORKER_ACKS = 0.05
+
+
+@pytest.mark.slow
+def test_the_worker_stays_within_its_budget_over_a_plain_kombu_consumer(
+    pg_db_module: Database, rabbit: Rabbit
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "support" / "worker_costs.py"),
+            pg_db_module.url,
+            rabbit.url,
+            rabbit.prefix,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+    )
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)["worker/first"]
+    plain, inbox = counts["plain"], counts["inbox"]
+    assert plain["acks"] == 1.0
+    assert inbox["acks"] <= WORKER_ACKS, counts
+    assert inbox["calls"] - plain["calls"] <= WORKER_CALLS[SQLALCHEMY], counts

@@ -14,6 +14,12 @@ per channel) and allows the multiple ack only when
 
 Anywhere else (a delivery the worker never settled, a gap, a new channel) the acks go one
 by one, as without this module: the rule only ever saves frames, never acks more.
+
+One delivery at a time, the worker holds the acks of committed deliveries back while more
+are at hand (up to a quarter of the prefetch, see :class:`~inbox.broker._dispatch.Dispatcher`)
+and sends them with :meth:`AckTracker.ack_settled`: the same rule, for deliveries whose tags
+were recorded as settled when they were decided. An ack is still only ever sent after its
+delivery's commit; a crash before it redelivers those deliveries, which are duplicates.
 """
 
 from __future__ import annotations
@@ -51,6 +57,26 @@ class AckTracker:
         # Every tag up to the highest one acked is this batch's or settled before: one frame.
         max(to_ack, key=_tag).ack(multiple=True)
         self.multiple_acks += 1
+
+    def ack_settled(self, to_ack: Sequence[Delivery], holding: int) -> None:
+        """Ack ``to_ack``, deliveries decided "ack" and recorded by :meth:`settled` whose
+        acks were held back: one multiple ack when every tag up to the highest of them is
+        settled and nothing is held, else one by one."""
+        if not to_ack:
+            return
+        last = max(to_ack, key=_tag)
+        channel = self._channel
+        if (
+            self._multiple
+            and holding == 0
+            and 0 < _tag(last) <= self._through
+            and all(delivery.channel is channel for delivery in to_ack)
+        ):
+            last.ack(multiple=True)
+            self.multiple_acks += 1
+            return
+        for delivery in to_ack:
+            delivery.ack()
 
     def _tags(self, deliveries: Sequence[Delivery]) -> bool:
         """Whether ``deliveries`` continue the settled run of tags of their channel without

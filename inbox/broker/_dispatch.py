@@ -45,7 +45,12 @@ _Read = tuple[KombuTransport, Delivery, Inbound, Message | None]
 class Dispatcher:
     """Runs deliveries through ``inbox`` and settles them; calls ``on_halt`` after a
     configuration error (from then on every delivery is given back untouched), and gives
-    deliveries back untouched while ``giving_back()`` is true (a stopping worker)."""
+    deliveries back untouched while ``giving_back()`` is true (a stopping worker).
+
+    ``ack_every`` > 0: one delivery at a time, the acks of deliveries decided "ack" (each
+    after its commit) are held back and sent together (:meth:`flush_acks`, one multiple ack
+    where :mod:`inbox.broker._acks` allows) once ``ack_every`` are held, or when the worker
+    finds no more deliveries at hand, stops or takes a batch."""
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Dispatcher:
         default_content_type: str | None,
         on_halt: Callable[[], None],
         giving_back: Callable[[], bool],
+        ack_every: int = 0,
     ) -> None:
         self._inbox = inbox
         self._settling = settling
@@ -72,6 +78,8 @@ class Dispatcher:
         self._batch = AckBatch()  # a batch's acks, sent together
         self._transports: dict[str, KombuTransport] = {}
         self._observer: DecisionEvents | None = None  # asked once per delivery or batch
+        self._ack_every = ack_every
+        self._held_acks: list[Delivery] = []  # committed, decided "ack", not acked yet
 
     @property
     def halted_by(self) -> BaseException | None:
@@ -100,24 +108,50 @@ class Dispatcher:
     ) -> None:
         """Process one delivery through ``Inbox.process`` and settle it."""
         self._observer = observing()
-        with traced_delivery(self._system, topology.name, delivery):
-            admitted = self._admit(topology, delivery, decode_error)
-            if admitted is not None:
-                message = admitted[3]
-                try:
-                    outcome: ProcessResult | BaseException = self._inbox.process(message)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                # Any other escape is a failed try, never a dead worker.
-                except BaseException as exc:
-                    outcome = exc
-                self.last_activity = time.monotonic()  # busy until now, however long it took
-                headers = admitted[2].headers
-                self._settle(admitted, self._settling.decide(message.id, outcome, headers))
+        holding_back = self._ack_every > 0
+        if holding_back:  # transport.ack appends to it: sent by flush_acks
+            self._batch.deferred = self._held_acks
+        try:
+            with traced_delivery(self._system, topology.name, delivery):
+                admitted = self._admit(topology, delivery, decode_error)
+                if admitted is not None:
+                    message = admitted[3]
+                    try:
+                        outcome: ProcessResult | BaseException = self._inbox.process(message)
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
+                    # Any other escape is a failed try, never a dead worker.
+                    except BaseException as exc:
+                        outcome = exc
+                    self.last_activity = time.monotonic()  # busy until now
+                    headers = admitted[2].headers
+                    self._settle(admitted, self._settling.decide(message.id, outcome, headers))
+        finally:
+            self._batch.deferred = None
         self.acks.settled([delivery])
+        if holding_back and len(self._held_acks) >= self._ack_every:
+            self.flush_acks()
+
+    @property
+    def acks_held(self) -> int:
+        """How many acks of committed deliveries wait for :meth:`flush_acks`."""
+        return len(self._held_acks)
+
+    def flush_acks(self) -> None:
+        """Send the held acks: one multiple ack where the rule allows, else one by one."""
+        held = self._held_acks
+        if held:
+            self._held_acks = []
+            self.acks.ack_settled(held, self._forwarder.holding)
+
+    def drop_held_acks(self) -> None:
+        """Forget the held acks: their channel is gone, the broker gives the deliveries
+        back (duplicates, skipped)."""
+        self._held_acks = []
 
     def handle_batch(self, batch: Sequence[Consumed]) -> None:
         """Process ``batch`` through ``Inbox.process_batch`` and settle each delivery."""
+        self.flush_acks()
         queues = [topology.name for topology, _, _ in batch]
         deliveries = [delivery for _, delivery, _ in batch]
         self._observer = observing()

@@ -81,6 +81,9 @@ class Worker(ConsumerMixin):
             default_content_type=default_content_type,
             on_halt=self.stop,
             giving_back=self._giving_back,
+            # One delivery at a time on RabbitMQ, up to a quarter of the prefetch committed
+            # deliveries are acked together (one multiple ack): see _acks.py.
+            ack_every=prefetch // 4 if batch_size == 1 and self.native_delays else 0,
         )
         self._tearing_down = False
         self._idle_timeout: float | None = None  # set by test support and the demo only
@@ -174,6 +177,7 @@ class Worker(ConsumerMixin):
             # them back, so forget them instead of running them again.
             self._inbound.clear()
             self._batch.clear()
+            self._dispatch.drop_held_acks()
             self._forwarder.detach()
             self._busy = self._tearing_down = False
             self._live_connection = connection
@@ -213,6 +217,7 @@ class Worker(ConsumerMixin):
         Requeueing them instead would count against a quorum queue's delivery limit."""
         self.consuming = False
         self._exclusive(self._finish_in_hand)
+        self._dispatch.flush_acks()  # committed: acked even when halted
         if self._dispatch.halted_by is None:
             self._forwarder.flush()
         self._forwarder.detach()
@@ -276,7 +281,22 @@ class Worker(ConsumerMixin):
         if self._batch:
             self._top_up_batch()
             self._flush_batch()
+        if self._dispatch.acks_held:
+            self._take_at_hand()
         self._forwarder.release_due()
+
+    def _take_at_hand(self) -> None:
+        """Handle the deliveries already at hand (at most until the held acks go out), then
+        send the held acks before the loop waits for the broker: an ack is never held
+        while the worker waits."""
+        connection = self._live_connection
+        while connection is not None and self._dispatch.acks_held and not self.should_stop:
+            try:
+                connection.drain_events(timeout=0)
+            except TimeoutError:  # socket.timeout: nothing more at hand
+                break
+            self._drain_inbound()
+        self._dispatch.flush_acks()
 
     def _giving_back(self) -> bool:
         # Every requeue counts against a quorum queue's delivery limit: a stopping worker

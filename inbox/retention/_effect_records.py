@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
-from typing import Final
+from collections.abc import Sequence
+from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Engine, Table, and_, delete, func, inspect, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    Select,
+    Table,
+    and_,
+    delete,
+    func,
+    inspect,
+    select,
+)
 
+from inbox.retention._key_batches import delete_by_keys
 from inbox.retention._sizing import BatchSizing
 
 __all__ = [
@@ -33,10 +46,13 @@ MAX_EFFECT_BATCH: Final = 10_000
 parameter each (PostgreSQL takes at most 65,535 in one statement)."""
 
 
-def effect_sizing(batch_size: int | None, batch_seconds: float) -> BatchSizing:
-    """The batches of effect records: as for claims, at most :data:`MAX_EFFECT_BATCH`."""
+def effect_sizing(
+    batch_size: int | None, batch_seconds: float, pause_seconds: float = 0.0
+) -> BatchSizing:
+    """The batches of effect records (and task results): as for claims, the same pause
+    between two, at most :data:`MAX_EFFECT_BATCH` rows."""
     fixed = None if batch_size is None else min(batch_size, MAX_EFFECT_BATCH)
-    return BatchSizing(fixed, batch_seconds, most=MAX_EFFECT_BATCH)
+    return BatchSizing(fixed, batch_seconds, most=MAX_EFFECT_BATCH, pause=pause_seconds)
 
 
 def has_effect_table(engine: Engine, effects: Table) -> bool:
@@ -69,25 +85,17 @@ def delete_expired_effects(
 ) -> tuple[int, int, float]:
     """Delete the effect records of claims processed strictly before ``cutoff``, as many per
     transaction as ``sizing`` says; return (records deleted, batches, slowest batch's
-    seconds). Each batch selects the keys through the claims, then deletes by key (MySQL
-    and MariaDB take no LIMIT in a subquery of the table being deleted from)."""
+    seconds). Each batch selects the keys through the claims, then deletes by key
+    (:func:`~inbox.retention._key_batches.delete_by_keys`)."""
     expired = claims.join(effects, _expired(effects, claims, cutoff))
-    deleted = batches = 0
-    longest = 0.0
-    while True:
-        limit = sizing.size
-        batch = select(effects.c.effect_key).select_from(expired).limit(limit)
-        began = time.perf_counter()
-        with engine.begin() as connection:
-            keys = list(connection.execute(batch).scalars())
-            if keys:
-                connection.execute(delete(effects).where(effects.c.effect_key.in_(keys)))
-        seconds = time.perf_counter() - began
-        sizing.record(len(keys), seconds)
-        longest = max(longest, seconds)
-        batches += 1
-        deleted += len(keys)
-        if len(keys) < limit:
-            break
+
+    def batch(limit: int) -> Select[Any]:
+        return select(effects.c.effect_key).select_from(expired).limit(limit)
+
+    def delete_keys(connection: Connection, rows: Sequence[Row[Any]]) -> None:
+        keys = [row.effect_key for row in rows]
+        connection.execute(delete(effects).where(effects.c.effect_key.in_(keys)))
+
+    deleted, batches, longest = delete_by_keys(engine, batch, delete_keys, sizing)
     logger.debug("cleanup: deleted %d effect records from %s", deleted, effects.fullname)
     return deleted, batches, longest

@@ -173,7 +173,11 @@ def cleanup(
             (0, 0, 0.0)
             if effects is None
             else delete_expired_effects(
-                engine, effects, inbox_table, cutoff, effect_sizing(batch_size, batch_seconds)
+                engine,
+                effects,
+                inbox_table,
+                cutoff,
+                effect_sizing(batch_size, batch_seconds, pause_seconds),
             )
         )
         sizing = BatchSizing(batch_size, batch_seconds, pause=pause_seconds)
@@ -189,7 +193,11 @@ def cleanup(
             (0, 0, 0.0)
             if results is None
             else delete_expired_results(
-                engine, results, inbox_table, cutoff, effect_sizing(batch_size, batch_seconds)
+                engine,
+                results,
+                inbox_table,
+                cutoff,
+                effect_sizing(batch_size, batch_seconds, pause_seconds),
             )
         )
         return dataclasses.replace(

@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Table, and_, delete, exists, func, inspect, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    Select,
+    Table,
+    and_,
+    delete,
+    exists,
+    func,
+    inspect,
+    select,
+)
 
+from inbox.retention._key_batches import delete_by_keys
 from inbox.retention._sizing import BatchSizing
 
 __all__ = ["count_expired_results", "delete_expired_results", "has_result_table"]
@@ -51,34 +66,22 @@ def delete_expired_results(
 ) -> tuple[int, int, float]:
     """Delete the results stored strictly before ``cutoff`` whose claim in ``claims`` is
     gone, as many per transaction as ``sizing`` says; return (rows deleted, batches,
-    slowest batch's seconds); a look that finds none is no batch. Each batch selects the
-    oldest keys, then deletes by key (MySQL and MariaDB take no LIMIT in a subquery of the
-    table being deleted from)."""
+    slowest batch's seconds). Each batch selects the oldest keys, then deletes by key, one
+    statement per task (:func:`~inbox.retention._key_batches.delete_by_keys`)."""
     claimed = exists().where(_claim_of(results, claims))
-    deleted = batches = 0
-    longest = 0.0
     key = (results.c.claim_key, results.c.task)
-    while True:
-        limit = sizing.size
-        batch = (
-            select(*key).where(results.c.stored_at < cutoff, ~claimed).order_by(results.c.stored_at)
-        ).limit(limit)
-        began = time.perf_counter()
-        with engine.begin() as connection:
-            rows = connection.execute(batch).all()
-            for task in {row.task for row in rows}:
-                gone = [row.claim_key for row in rows if row.task == task]
-                connection.execute(
-                    delete(results).where(results.c.task == task, results.c.claim_key.in_(gone))
-                )
-        if not rows:
-            break  # nothing (left) to delete: a look, not a batch
-        seconds = time.perf_counter() - began
-        sizing.record(len(rows), seconds)
-        longest = max(longest, seconds)
-        batches += 1
-        deleted += len(rows)
-        if len(rows) < limit:
-            break
+
+    def batch(limit: int) -> Select[Any]:
+        stale = results.c.stored_at < cutoff
+        return select(*key).where(stale, ~claimed).order_by(results.c.stored_at).limit(limit)
+
+    def delete_keys(connection: Connection, rows: Sequence[Row[Any]]) -> None:
+        for task in {row.task for row in rows}:
+            gone = [row.claim_key for row in rows if row.task == task]
+            connection.execute(
+                delete(results).where(results.c.task == task, results.c.claim_key.in_(gone))
+            )
+
+    deleted, batches, longest = delete_by_keys(engine, batch, delete_keys, sizing)
     logger.debug("cleanup: deleted %d task results from %s", deleted, results.fullname)
     return deleted, batches, longest

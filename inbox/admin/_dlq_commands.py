@@ -5,43 +5,18 @@ letters, :mod:`inbox.operations._redis_dead_letters`)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Protocol, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
-from inbox.operations._dead_letters import DeadLetterRecord
+from inbox.operations._dead_letter_sources import open_dead_letters
 from inbox.operations._filters import Filters
 
 __all__ = ["dlq"]
-
-
-class _DeadLetters(_replay.DeadLetterSource, Protocol):
-    """The dead letters of one broker, as the subcommands use them: read without taking
-    (``list``, ``show``), and moved by :func:`_replay.replay` and :func:`_replay.purge`."""
-
-    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
-        """The dead-letter queue's depth and its first ``limit`` letters."""
-
-    def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
-        """The properties and body of the dead letter with that id or ref, or None."""
-
-
-@contextmanager
-def _dead_letters(broker: str) -> Iterator[_DeadLetters]:
-    if broker.partition("://")[0] in {"redis", "rediss"}:
-        # Imported here: redis-py comes with the celery extra, not with the inbox command.
-        from inbox.operations import _redis_dead_letters
-
-        with _redis_dead_letters.open_redis(broker) as letters:
-            yield letters
-    else:
-        with _dlq.open_channel(broker) as channel:
-            yield _replay.RabbitDeadLetters(channel)
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
@@ -60,7 +35,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         if isinstance(asked, int):
             return asked
         preview = asked
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
         if args.dlq_command == "replay":
             report = _replay.replay(
@@ -100,7 +75,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
 
 def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """``inbox dlq list`` and ``inbox dlq show``: dead letters read, left in place."""
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         if args.dlq_command == "list":
             present, letters = source.peek(args.queue, args.limit)
             if args.json:
@@ -127,7 +102,7 @@ def _confirmed(
     a terminal, show it and refuse. The exit code, or the bound of the purge confirmed: no
     more than the preview read and took (a dead letter arriving while the operator reads
     the question is not deleted unseen)."""
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         preview = _replay.purge(
             source, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
         )

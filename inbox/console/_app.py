@@ -43,6 +43,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _status
 from inbox.operations._tables import Tables
@@ -161,7 +162,7 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
     without holding any message: what the overview's refresh every few seconds reads)."""
     name = _dlq.dead_letter_queue(queue)
     try:
-        present, letters = _dlq.peek_if_present(broker, queue, limit)
+        present, letters = sources.peek_if_present(broker, queue, limit)
     except Exception as exc:  # one queue's failure is part of the page, not its end
         return QueueSummary(queue, name, None, {}, one_line(exc, broker))
     reasons = Counter(letter.reason or "unknown" for letter in letters)

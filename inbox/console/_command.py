@@ -54,7 +54,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     for refused in ("--token", "--password"):
         parser.add_argument(refused, nargs="?", action=_SecretOnCommandLine, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--broker", help=f"RabbitMQ URL, for the dead letters (default ${BROKER_URL_ENV})"
+        "--broker",
+        help=(
+            "RabbitMQ URL, or a Celery app's Redis URL, for the dead letters "
+            f"(default ${BROKER_URL_ENV})"
+        ),
     )
     parser.add_argument(
         "--queue",

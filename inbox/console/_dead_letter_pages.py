@@ -27,6 +27,7 @@ from inbox.console._web import (
     whole_field,
 )
 from inbox.delivery import headers as h
+from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
 from inbox.operations._filters import REASONS, Filters, dead_letter_reason, duration
@@ -72,7 +73,7 @@ async def dead_letters(request: Request, user: User) -> Response:
 
     order = table.order_of(request.query_params.get("sort"), request.query_params.get("order"))
 
-    present, letters = await run_in_threadpool(_dlq.peek_if_present, broker, queue, limit)
+    present, letters = await run_in_threadpool(sources.peek_if_present, broker, queue, limit)
     reasons = Counter(letter.reason or "unknown" for letter in letters)
     return render_page(
         request,
@@ -100,22 +101,23 @@ async def dead_letter(request: Request, user: User) -> Response:
     max_body = settings_of(request).max_body
 
     def read() -> tuple[_dlq.DeadLetterRecord, list[tuple[str, str]], _render.BodyView, list[Any]]:
-        with _dlq.open_channel(broker) as channel:
-            message = _dlq.find(channel, queue, message_id)
-            if message is None:
-                raise HttpProblem(404, "no such dead letter (replayed or purged meanwhile?)")
-            headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
-            history = sorted(
-                (when, label)
-                for name, label in _HISTORY
-                if (when := h.parse_time(headers.get(name))) is not None
-            )
-            return (
-                _dlq.DeadLetterRecord.read(message),
-                list(_render.property_lines(message.properties)),
-                _render.body_view(message.body, max_body),
-                history,
-            )
+        with sources.open_dead_letters(broker) as source:
+            found = source.find(queue, message_id)
+        if found is None:
+            raise HttpProblem(404, "no such dead letter (replayed or purged meanwhile?)")
+        message_properties, message_body = found
+        headers: Mapping[str, Any] = message_properties.get("application_headers") or {}
+        history = sorted(
+            (when, label)
+            for name, label in _HISTORY
+            if (when := h.parse_time(headers.get(name))) is not None
+        )
+        return (
+            _dlq.DeadLetterRecord.of(message_properties, headers, message_body),
+            list(_render.property_lines(message_properties)),
+            _render.body_view(message_body, max_body),
+            history,
+        )
 
     letter, properties, body, history = await run_in_threadpool(read)
     return render_page(
@@ -166,8 +168,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     preview = _preview_bound(form) if confirmed else None
 
     def run(dry_run: bool) -> _replay.MoveReport:
-        with _dlq.open_channel(broker) as channel:
-            source = _replay.RabbitDeadLetters(channel)
+        with sources.open_dead_letters(broker) as source:
             if command == "replay":
                 return _replay.replay(
                     source,

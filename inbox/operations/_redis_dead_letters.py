@@ -80,6 +80,7 @@ class RedisDeadLetters:
                     "content_type": envelope.get("content-type"),
                     "content_encoding": envelope.get("content-encoding"),
                     **_properties(envelope),
+                    **_named(envelope),
                     "application_headers": _headers(envelope),
                 }
                 return properties, _body(envelope)
@@ -188,15 +189,17 @@ def _body(envelope: Mapping[str, Any]) -> bytes:
 
 
 def _record(envelope: Mapping[str, Any]) -> DeadLetterRecord:
+    return DeadLetterRecord.of(
+        {**_properties(envelope), **_named(envelope)}, _headers(envelope), _body(envelope)
+    )
+
+
+def _named(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """The message id and type: a Celery task message names its id and task in headers,
+    not in AMQP properties."""
     properties = _properties(envelope)
     headers = _headers(envelope)
-    # A Celery task message names its id and task in headers, not in AMQP properties.
-    return DeadLetterRecord.of(
-        {
-            **properties,
-            "message_id": properties.get("message_id") or headers.get("id"),
-            "type": properties.get("type") or headers.get("task"),
-        },
-        headers,
-        _body(envelope),
-    )
+    return {
+        "message_id": properties.get("message_id") or headers.get("id"),
+        "type": properties.get("type") or headers.get("task"),
+    }

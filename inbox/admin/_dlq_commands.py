@@ -12,7 +12,7 @@ from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _render, _replay
+from inbox.operations import _failure_groups, _render, _replay
 from inbox.operations._dead_letter_sources import open_dead_letters
 from inbox.operations._filters import Filters
 
@@ -23,11 +23,14 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """Run one ``inbox dlq`` subcommand; broker errors propagate."""
     if args.dlq_command in ("list", "show"):
         return _read(args, broker, io)
+    if args.dlq_command == "groups":
+        return _groups(args, broker, io)
     filters = Filters(
         frozenset(args.reason),
         frozenset(args.handler),
         args.older_than,
         frozenset(args.message_ids),
+        frozenset(args.groups),
     )
     preview = None
     if args.dlq_command == "purge" and not args.dry_run and not args.yes:
@@ -91,6 +94,28 @@ def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
         io.out.write(f"no dead letter {args.message_id} in {dlq}\n")
         return EXIT_NOT_FOUND
     io.out.writelines(f"{line}\n" for line in _printing.message_lines(*found, args.max_body))
+    return EXIT_OK
+
+
+def _groups(args: argparse.Namespace, broker: str, io: Streams) -> int:
+    """``inbox dlq groups``: the first ``--limit`` dead letters grouped by how they failed,
+    left in place."""
+    with open_dead_letters(broker) as source:
+        present, letters = source.peek(args.queue, args.limit)
+    found = _failure_groups.groups(letters)
+    if args.json:
+        document = {
+            "present": present,
+            "read": len(letters),
+            "groups": [_printing.group_document(group) for group in found],
+        }
+        io.out.write(_printing.as_json(document))
+        return EXIT_OK
+    dlq = _dlq.dead_letter_queue(args.queue)
+    io.out.write(
+        f"{len(found)} failure groups among {len(letters)} of {present} dead letters in {dlq}\n"
+    )
+    io.out.writelines(f"{line}\n" for group in found for line in _printing.group_lines(group))
     return EXIT_OK
 
 

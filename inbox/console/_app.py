@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _effect_pages, _outbox_pages
+from inbox.console import _claim_pages, _effect_pages, _group_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -229,6 +229,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/overview/counts", overview_counts, methods=["GET"]),
             Route("/dead-letters", letters.dead_letters, methods=["GET"]),
             Route("/dead-letters/message", letters.dead_letter, methods=["GET"]),
+            Route("/dead-letters/groups", _group_pages.failure_groups, methods=["GET"]),
             Route("/dead-letters/replay", letters.replay, methods=["POST"]),
             Route("/dead-letters/purge", letters.purge, methods=["POST"]),
             Route("/effects", _effect_pages.effects, methods=["GET"]),

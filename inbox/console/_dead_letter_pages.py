@@ -30,9 +30,15 @@ from inbox.delivery import headers as h
 from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _render, _replay
-from inbox.operations._filters import REASONS, Filters, dead_letter_reason, duration
+from inbox.operations._filters import (
+    REASONS,
+    Filters,
+    dead_letter_reason,
+    duration,
+    failure_group,
+)
 
-__all__ = ["dead_letter", "dead_letters", "purge", "replay"]
+__all__ = ["broker_of", "dead_letter", "dead_letters", "purge", "queue_of", "replay"]
 
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
@@ -46,7 +52,8 @@ _HISTORY: Final = (
 _PREVIEWED: Final = 100  # the dead letters a confirmation page lists
 
 
-def _queue(request: Request, name: str | None) -> str:
+def queue_of(request: Request, name: str | None) -> str:
+    """The queue a request names: one of the console's (the first when none is named)."""
     settings = settings_of(request)
     if not settings.queues:
         raise HttpProblem(404, "no queues: start the console with --queue QUEUE (and a broker)")
@@ -57,7 +64,8 @@ def _queue(request: Request, name: str | None) -> str:
     return name
 
 
-def _broker(request: Request) -> str:
+def broker_of(request: Request) -> str:
+    """The console's broker URL; a 404 when it has none."""
     broker = settings_of(request).broker
     if broker is None:
         raise HttpProblem(404, "no broker: start the console with --broker or INBOX_BROKER_URL")
@@ -67,8 +75,8 @@ def _broker(request: Request) -> str:
 @page
 async def dead_letters(request: Request, user: User) -> Response:
     """A queue's dead letters (the first ones, left in place), with their reasons."""
-    queue = _queue(request, request.query_params.get("queue"))
-    broker = _broker(request)
+    queue = queue_of(request, request.query_params.get("queue"))
+    broker = broker_of(request)
     limit = settings_of(request).peek_limit
 
     order = table.order_of(request.query_params.get("sort"), request.query_params.get("order"))
@@ -95,8 +103,8 @@ async def dead_letters(request: Request, user: User) -> Response:
 @page
 async def dead_letter(request: Request, user: User) -> Response:
     """One dead letter in full: properties, headers, history, body (escaped, capped)."""
-    queue = _queue(request, request.query_params.get("queue"))
-    broker = _broker(request)
+    queue = queue_of(request, request.query_params.get("queue"))
+    broker = broker_of(request)
     message_id = request.query_params.get("id", "")
     max_body = settings_of(request).max_body
 
@@ -136,6 +144,7 @@ async def dead_letter(request: Request, user: User) -> Response:
 def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
     try:
         reasons = frozenset(dead_letter_reason(r) for r in form_texts(form, "reason"))
+        groups = frozenset(failure_group(g) for g in form_texts(form, "group"))
         older = form_text(form, "older_than")
         older_than = duration(older) if older else None
     except ValueError as exc:  # the CLI's words for bad input
@@ -145,19 +154,21 @@ def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
         frozenset(form_texts(form, "handler")),
         older_than,
         frozenset(form_texts(form, "id")),
+        groups,
     )
     described: dict[str, object] = {
         "reasons": ",".join(sorted(filters.reasons)) or "any",
         "handlers": ",".join(sorted(filters.handlers)) or "any",
         "older_than": older or "-",
         "ids": ",".join(sorted(filters.message_ids)) or "any",
+        **({"groups": ",".join(sorted(filters.groups))} if filters.groups else {}),
     }
     return filters, described
 
 
 async def _move(request: Request, user: User, form: FormData, command: str) -> Response:
-    queue = _queue(request, form_text(form, "queue"))
-    broker = _broker(request)
+    queue = queue_of(request, form_text(form, "queue"))
+    broker = broker_of(request)
     filters, described = _filters(form)
     if form_text(form, "selection") == "yes" and not filters.message_ids:
         raise HttpProblem(400, "no dead letter selected: tick the rows to replay or purge")
@@ -195,6 +206,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     fields += [("reason", r) for r in sorted(filters.reasons)]
     fields += [("handler", x) for x in sorted(filters.handlers)]
     fields += [("id", x) for x in sorted(filters.message_ids)]
+    fields += [("group", x) for x in sorted(filters.groups)]
     fields += [("older_than", form_text(form, "older_than"))]
     # The confirmed run reads and takes no more than this preview did (see _preview_bound).
     fields += [("preview_read", str(report.examined)), ("preview_taken", str(report.moved))]

@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _effect_pages, _group_pages, _outbox_pages
+from inbox.console import _audit_pages, _claim_pages, _effect_pages, _group_pages, _outbox_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -241,6 +241,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/outbox/drop", _outbox_pages.outbox_drop, methods=["POST"]),
             Route("/claims", _claim_pages.claims, methods=["GET"]),
             Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
+            Route("/audit", _audit_pages.audit_page, methods=["GET"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

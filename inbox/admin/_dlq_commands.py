@@ -5,18 +5,22 @@ letters, :mod:`inbox.operations._redis_dead_letters`)."""
 from __future__ import annotations
 
 import argparse
+import getpass
 from collections.abc import Callable
 from typing import TextIO
+
+from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
+from inbox.operations import _archive, _failure_groups, _render, _replay
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _failure_groups, _render, _replay
 from inbox.operations._dead_letter_sources import open_dead_letters
 from inbox.operations._filters import Filters
+from inbox.schema import archive_table
 
-__all__ = ["dlq"]
+__all__ = ["archive_named", "dlq", "dlq_archive"]
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
@@ -95,6 +99,52 @@ def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
         return EXIT_NOT_FOUND
     io.out.writelines(f"{line}\n" for line in _printing.message_lines(*found, args.max_body))
     return EXIT_OK
+
+
+def archive_named(name: str) -> Table:
+    """The archive table named ``[SCHEMA.]NAME`` (``ValueError`` for a name that is not a
+    plain identifier)."""
+    schema, _, bare = name.rpartition(".")
+    return archive_table(MetaData(), bare, schema=schema or None)
+
+
+def dlq_archive(
+    args: argparse.Namespace, broker: str, engine: Engine, table: Table, io: Streams
+) -> int:
+    """``inbox dlq archive``: the dead letters that pass the filters moved into the archive
+    table as the user running the command (bounded as a purge; ``--dry-run`` moves none)."""
+    filters = Filters(
+        frozenset(args.reason),
+        frozenset(args.handler),
+        args.older_than,
+        frozenset(args.message_ids),
+        frozenset(args.groups),
+    )
+    with open_dead_letters(broker) as source:
+        report = _archive.archive(
+            source,
+            engine,
+            table,
+            args.queue,
+            filters=filters,
+            who=_user(),
+            limit=args.limit,
+            max_read=args.max_read,
+            dry_run=args.dry_run,
+        )
+    if not args.quiet:
+        io.out.write(f"{_render.move_line(report, 'archive')}\n")
+        if report.dry_run:
+            _write_taken(report, io.out)
+    return EXIT_OK
+
+
+def _user() -> str:
+    """Who runs the command, for the archive's ``archived_by`` (``-`` when unknown)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no such uid in the password database
+        return "-"
 
 
 def _groups(args: argparse.Namespace, broker: str, io: Streams) -> int:

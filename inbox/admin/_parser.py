@@ -21,6 +21,7 @@ from inbox.admin._subcommands import Subcommand, discovered
 from inbox.operations._filters import dead_letter_reason, duration, failure_group
 from inbox.operations._tables import Tables
 from inbox.schema import (
+    DEFAULT_ARCHIVE_TABLE_NAME,
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
     DEFAULT_TABLE_NAME,
@@ -242,6 +243,16 @@ def _dlq_parsers(dlq: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
         "--keep-tries",
         action="store_true",
         help="keep x-inbox-tries: one more failure dead-letters",
+    )
+    archive = dlq_commands.add_parser(
+        "archive",
+        help="move dead letters into the archive table of the inbox's database (the console "
+        "restores or deletes them; inbox-cleanup --archive-days expires them)",
+    )
+    _move_options(archive)
+    archive.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    archive.add_argument(
+        "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="[SCHEMA.]NAME"
     )
     purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
     _move_options(purge)

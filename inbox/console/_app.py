@@ -20,7 +20,14 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _audit_pages, _claim_pages, _effect_pages, _group_pages, _outbox_pages
+from inbox.console import (
+    _archive_pages,
+    _audit_pages,
+    _claim_pages,
+    _effect_pages,
+    _group_pages,
+    _outbox_pages,
+)
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -242,6 +249,10 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/claims", _claim_pages.claims, methods=["GET"]),
             Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
             Route("/audit", _audit_pages.audit_page, methods=["GET"]),
+            Route("/dead-letters/archive", letters.archive, methods=["POST"]),
+            Route("/archive", _archive_pages.archived, methods=["GET"]),
+            Route("/archive/restore", _archive_pages.archive_restore, methods=["POST"]),
+            Route("/archive/delete", _archive_pages.archive_delete, methods=["POST"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

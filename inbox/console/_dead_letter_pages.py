@@ -24,12 +24,13 @@ from inbox.console._web import (
     page,
     render_page,
     settings_of,
+    tables_of,
     whole_field,
 )
 from inbox.delivery import headers as h
+from inbox.operations import _archive, _render, _replay
 from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _render, _replay
 from inbox.operations._filters import (
     REASONS,
     Filters,
@@ -38,7 +39,15 @@ from inbox.operations._filters import (
     failure_group,
 )
 
-__all__ = ["broker_of", "dead_letter", "dead_letters", "purge", "queue_of", "replay"]
+__all__ = [
+    "archive",
+    "broker_of",
+    "dead_letter",
+    "dead_letters",
+    "purge",
+    "queue_of",
+    "replay",
+]
 
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
@@ -180,6 +189,18 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
 
     def run(dry_run: bool) -> _replay.MoveReport:
         with sources.open_dead_letters(broker) as source:
+            if command == "archive":
+                return _archive.archive(
+                    source,
+                    settings_of(request).engine,
+                    tables_of(request, form).archive,
+                    queue,
+                    filters=filters,
+                    who=user.who,
+                    limit=limit,
+                    dry_run=dry_run,
+                    preview=preview,
+                )
             if command == "replay":
                 return _replay.replay(
                     source,
@@ -259,6 +280,18 @@ async def replay(request: Request, user: User, form: FormData) -> Response:
 
 
 @action
+async def archive(request: Request, user: User, form: FormData) -> Response:
+    """Preview an archive (a dry run), and on confirmation move them to the archive table."""
+    return await _move(request, user, form, "archive")
+
+
+@action
 async def purge(request: Request, user: User, form: FormData) -> Response:
-    """Preview a purge (a dry run), and on confirmation purge."""
+    """Preview a purge (a dry run), and on confirmation purge: only on a console started
+    with ``--allow-hard-purge`` (else dead letters are archived, not deleted)."""
+    if not settings_of(request).allow_hard_purge:
+        audit(user.who, "refused", 0, {"path": request.url.path, "why": "no hard purge"})
+        raise HttpProblem(
+            403, "purge deletes for good: archive instead, or start with --allow-hard-purge"
+        )
     return await _move(request, user, form, "purge")

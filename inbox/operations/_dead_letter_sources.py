@@ -20,11 +20,20 @@ class DeadLetters(_replay.DeadLetterSource, Protocol):
     """The dead letters of one broker: read without taking (``list``, ``show``, the console's
     pages), and moved by :func:`_replay.replay` and :func:`_replay.purge`."""
 
+    @property
+    def kind(self) -> str:
+        """``amqp`` or ``redis``: where an archived letter of it can be restored."""
+
     def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
         """The dead-letter queue's depth and its first ``limit`` letters."""
 
     def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
         """The properties and body of the dead letter with that id or ref, or None."""
+
+    def restore(
+        self, queue: str, headers: Mapping[str, Any], properties: Mapping[str, Any], body: bytes
+    ) -> None:
+        """Put an archived dead letter back on ``queue`` as a replay would."""
 
 
 def is_redis(broker: str) -> bool:

@@ -1,18 +1,15 @@
-"""The inbox's tables (claims, outbox, effects, Celery task results), defined once in
-SQLAlchemy metadata; the alembic revisions create exactly them."""
+"""The inbox's tables (claims, outbox, effects, Celery task results, the dead-letter
+archive), defined once in SQLAlchemy metadata; the alembic revisions create exactly them."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 import threading
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import (
-    DDL,
     Column,
-    Connection,
-    Dialect,
     Index,
     Integer,
     LargeBinary,
@@ -22,17 +19,18 @@ from sqlalchemy import (
     Text,
     event,
 )
-from sqlalchemy.schema import SchemaItem
-from sqlalchemy.sql.ddl import BaseDDLElement
 
-from inbox._backends import family_of, with_family_types
+from inbox._backends import with_family_types
 from inbox._column_types import BinaryUUID, UTCDateTime
+from inbox._outbox_notify import NOTIFY_DDL
 from inbox.errors import ConfigurationError
 
 # The public names. The default names, column types, limits and resolvers below are the
 # package's own (the constructors' defaults say the names); they are not in __all__.
 __all__ = [
+    "archive_table",
     "effect_table",
+    "inbox_dead_letter_archive",
     "inbox_effect",
     "inbox_message",
     "inbox_table",
@@ -48,6 +46,7 @@ DEFAULT_TABLE_NAME: Final = "inbox_message"
 DEFAULT_OUTBOX_TABLE_NAME: Final = "outbox_message"
 DEFAULT_EFFECT_TABLE_NAME: Final = "inbox_effect"
 DEFAULT_RESULT_TABLE_NAME: Final = "inbox_task_result"
+DEFAULT_ARCHIVE_TABLE_NAME: Final = "inbox_dead_letter_archive"
 OUTBOX_NOTIFY_CHANNEL: Final = "inbox_outbox"
 """The PostgreSQL ``LISTEN`` channel an outbox table notifies when rows are committed."""
 HANDLER_NAME_MAX_LENGTH: Final = 255
@@ -150,70 +149,9 @@ def outbox_table(
         Column("last_error", _long_text(), nullable=True),
         schema=schema,
     )
-    for ddl in _NOTIFY_DDL:
+    for ddl in NOTIFY_DDL:
         event.listen(table, "after_create", ddl)
     return table
-
-
-# Constant statements: the table's quoted name and schema (schema_translate_map applied) are
-# filled in by SQLAlchemy. Trigger names are per table in PostgreSQL, so one name serves every
-# outbox. The function lives in the table's schema when it has one (a tenant's schema under a
-# schema_translate_map included): created in whatever schema comes first on the search path,
-# it would tie every tenant's trigger to that schema, and dropping it would drop them all.
-def _in_named_schema(
-    ddl: BaseDDLElement,
-    target: SchemaItem | str,
-    bind: Connection | None,
-    tables: list[Table] | None = None,
-    state: Any | None = None,
-    *,
-    dialect: Dialect,
-    **kw: Any,
-) -> bool:
-    if not family_of(dialect).notifies or not isinstance(target, Table):
-        return False
-    translate = (bind.get_execution_options() if bind is not None else {}).get(
-        "schema_translate_map"
-    ) or {}
-    return translate.get(target.schema, target.schema) is not None
-
-
-def _on_search_path(
-    ddl: BaseDDLElement,
-    target: SchemaItem | str,
-    bind: Connection | None,
-    tables: list[Table] | None = None,
-    state: Any | None = None,
-    *,
-    dialect: Dialect,
-    **kw: Any,
-) -> bool:
-    named = _in_named_schema(ddl, target, bind, tables, state, dialect=dialect)
-    return family_of(dialect).notifies and not named
-
-
-_NOTIFY_DDL: Final = (
-    DDL(  # type: ignore[no-untyped-call]
-        "CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_notify() "
-        "RETURNS trigger LANGUAGE plpgsql AS "
-        "$$ BEGIN PERFORM pg_notify('inbox_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); "
-        "RETURN NULL; END $$"
-    ).execute_if(callable_=_in_named_schema),
-    DDL(  # type: ignore[no-untyped-call]
-        "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON %(fullname)s "
-        "FOR EACH STATEMENT EXECUTE FUNCTION %(schema)s.inbox_outbox_notify()"
-    ).execute_if(callable_=_in_named_schema),
-    DDL(  # type: ignore[no-untyped-call]
-        "CREATE OR REPLACE FUNCTION inbox_outbox_notify() "
-        "RETURNS trigger LANGUAGE plpgsql AS "
-        "$$ BEGIN PERFORM pg_notify('inbox_outbox', TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME); "
-        "RETURN NULL; END $$"
-    ).execute_if(callable_=_on_search_path),
-    DDL(  # type: ignore[no-untyped-call]
-        "CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON %(fullname)s "
-        "FOR EACH STATEMENT EXECUTE FUNCTION inbox_outbox_notify()"
-    ).execute_if(callable_=_on_search_path),
-)
 
 
 def effect_table(
@@ -254,6 +192,35 @@ def result_table(
         Column("result", _long_text(), nullable=False),
         Column("stored_at", UTCDateTime(), nullable=False),
         Index(_index_name(name, "stored_at"), "stored_at"),
+        schema=schema,
+    )
+
+
+def archive_table(
+    metadata: MetaData, name: str = DEFAULT_ARCHIVE_TABLE_NAME, *, schema: str | None = None
+) -> Table:
+    """Define a dead-letter archive table on ``metadata``: the dead letters an operator
+    archived (``inbox dlq purge``, the console's *Archive*) instead of deleting them, each
+    with its queue, body, headers and properties (JSON), why it was dead-lettered, and when
+    and by whom it was archived; restored (replayed) or deleted from there, and deleted by
+    ``inbox-cleanup --archive-days`` after that many days."""
+    _check_identifiers("archive", name, schema)
+    return Table(
+        name,
+        metadata,
+        Column("id", BinaryUUID(), primary_key=True),
+        Column("queue", _text(255), nullable=False),
+        Column("ref", _text(255), nullable=False),
+        Column("source", _text(16), nullable=False),
+        Column("reason", _text(64), nullable=True),
+        Column("error", _long_text(), nullable=True),
+        Column("headers", _long_text(), nullable=False),
+        Column("properties", _long_text(), nullable=False),
+        Column("body", with_family_types(LargeBinary(), "blob"), nullable=False),
+        Column("dead_lettered_at", UTCDateTime(), nullable=True),
+        Column("archived_at", UTCDateTime(), nullable=False),
+        Column("archived_by", _text(255), nullable=False),
+        Index(_index_name(name, "archived_at"), "archived_at"),
         schema=schema,
     )
 
@@ -325,6 +292,9 @@ inbox_effect: Final = effect_table(metadata)
 
 inbox_task_result: Final = result_table(metadata)
 """The default task result table, ``inbox_task_result`` (Celery inbox tasks' return values)."""
+
+inbox_dead_letter_archive: Final = archive_table(metadata)
+"""The default dead-letter archive table, ``inbox_dead_letter_archive``."""
 
 _DEFAULTS: Final = {
     "inbox": inbox_message,

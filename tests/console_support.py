@@ -46,6 +46,7 @@ def settings(
     *,
     allow_actions: bool = True,
     max_body: int = 4096,
+    allow_hard_purge: bool | None = None,
 ) -> ConsoleSettings:
     """A console on the test's database (and broker, with ``queues``)."""
     return ConsoleSettings(
@@ -55,6 +56,8 @@ def settings(
         rabbit.url if rabbit else None,
         queues,
         allow_actions=allow_actions,
+        # The purge tests purge: a console that allows actions allows it unless told not to.
+        allow_hard_purge=allow_actions if allow_hard_purge is None else allow_hard_purge,
         max_body=max_body,
     )
 

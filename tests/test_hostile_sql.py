@@ -142,7 +142,7 @@ def test_no_sql_in_the_library_is_built_by_string_formatting() -> None:
         "retention/_pg_walk.py": [
             "literal_column('ctid')",
         ],
-        "schema.py": [
+        "_outbox_notify.py": [
             'DDL("CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_',
             "DDL('CREATE TRIGGER inbox_outbox_notify AFTER INSERT ON ",
             'DDL("CREATE OR REPLACE FUNCTION inbox_outbox_notify() RE',

@@ -438,6 +438,7 @@ def test_the_documented_recipe_in_a_fresh_alembic_init_folder(
         "6d2a1f3b8c4e_create_outbox_message.py",
         "7e3b2a4c9d5f_create_inbox_effect.py",
         "8f4c3b5d0e6a_create_inbox_task_result.py",
+        "9a5e4c6d1f7b_create_inbox_dead_letter_archive.py",
     ]
     cleanup_script = fresh_venv / "bin" / "inbox-cleanup"
     done = subprocess.run(

@@ -25,6 +25,7 @@ from inbox.schema import (
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST, OUTBOX, EFFECTS, RESULTS = "5c1f0e2a9b3d", "6d2a1f3b8c4e", "7e3b2a4c9d5f", "8f4c3b5d0e6a"
+ARCHIVE = "9a5e4c6d1f7b"
 
 
 def config_for(url: str) -> Config:
@@ -75,12 +76,13 @@ def test_upgrading_a_database_with_claims_keeps_every_claim(empty_db: Database) 
 
     command.upgrade(config, "head")
 
-    assert version(empty_db.engine) == RESULTS
+    assert version(empty_db.engine) == ARCHIVE
     assert tables(empty_db.engine) >= {
         "inbox_message",
         "outbox_message",
         "inbox_effect",
         "inbox_task_result",
+        "inbox_dead_letter_archive",
     }
     assert schema_diff(empty_db.engine) == [], "the metadata and the revisions agree"
     with empty_db.engine.connect() as connection:
@@ -98,6 +100,11 @@ def test_each_downgrade_removes_only_its_own_table(empty_db: Database) -> None:
         connection.execute(
             inbox_message.insert().values(message_id=uuid.uuid4(), handler="h", processed_at=now)
         )
+
+    command.downgrade(config, "-1")
+    assert version(empty_db.engine) == RESULTS
+    assert "inbox_dead_letter_archive" not in tables(empty_db.engine)
+    assert "inbox_task_result" in tables(empty_db.engine)
 
     command.downgrade(config, "-1")
     assert version(empty_db.engine) == EFFECTS

@@ -15,7 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import MetaData, inspect, select
 from support.databases import Database, effects_metadata
-from test_migrations_chain import EFFECTS, RESULTS, config_for, schema_diff, version
+from test_migrations_chain import ARCHIVE, EFFECTS, config_for, schema_diff, version
 
 from inbox.admin import admin_main
 from inbox.celery import result_metadata, task_result_table
@@ -58,7 +58,7 @@ def test_inbox_migrate_adopts_a_result_table_made_by_create_all(db: Database) ->
     code, out, err = migrate(db.url)
 
     assert (code, err) == (0, ""), out
-    assert version(db.engine) == RESULTS
+    assert version(db.engine) == ARCHIVE
     names = {index["name"] for index in inspect(db.engine).get_indexes("inbox_task_result")}
     assert "ix_inbox_task_result_stored_at" in names
     assert schema_diff(db.engine) == [], "autogenerate stays clean"
@@ -73,10 +73,10 @@ def test_alembic_upgrade_head_over_todays_create_all_and_down_again(db: Database
     config = config_for(db.url)
 
     command.upgrade(config, "head")
-    assert version(db.engine) == RESULTS
+    assert version(db.engine) == ARCHIVE
     assert schema_diff(db.engine) == []
 
-    command.downgrade(config, "-1")
+    command.downgrade(config, EFFECTS)
     assert not inspect(db.engine).has_table("inbox_task_result")
     command.upgrade(config, "head")
     assert schema_diff(db.engine) == []

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
 from inbox.admin import _printing
 from inbox.operations import _claims, _render, _status
+from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as dead_letters
 from inbox.operations._tables import Tables, tenant_schemas
 
@@ -70,7 +71,7 @@ def status(
         assert broker is not None  # checked with the arguments
         name = dead_letters.dead_letter_queue(queue)
         # A queue that is not there is part of the report (None), not its end.
-        report.dead_letters[name] = dead_letters.depth_if_present(broker, name)
+        report.dead_letters[name] = sources.depth_if_present(broker, name)
     if args.json:
         io.out.write(_printing.as_json(report))
     else:

@@ -5,54 +5,36 @@ letters, :mod:`inbox.operations._redis_dead_letters`)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Protocol, TextIO
+import getpass
+from collections.abc import Callable
+from typing import TextIO
+
+from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
+from inbox.operations import _archive, _failure_groups, _render, _replay
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _render, _replay
-from inbox.operations._dead_letters import DeadLetterRecord
+from inbox.operations._dead_letter_sources import open_dead_letters
 from inbox.operations._filters import Filters
+from inbox.schema import archive_table
 
-__all__ = ["dlq"]
-
-
-class _DeadLetters(_replay.DeadLetterSource, Protocol):
-    """The dead letters of one broker, as the subcommands use them: read without taking
-    (``list``, ``show``), and moved by :func:`_replay.replay` and :func:`_replay.purge`."""
-
-    def peek(self, queue: str, limit: int) -> tuple[int, list[DeadLetterRecord]]:
-        """The dead-letter queue's depth and its first ``limit`` letters."""
-
-    def find(self, queue: str, message_id: str) -> tuple[Mapping[str, Any], bytes] | None:
-        """The properties and body of the dead letter with that id or ref, or None."""
-
-
-@contextmanager
-def _dead_letters(broker: str) -> Iterator[_DeadLetters]:
-    if broker.partition("://")[0] in {"redis", "rediss"}:
-        # Imported here: redis-py comes with the celery extra, not with the inbox command.
-        from inbox.operations import _redis_dead_letters
-
-        with _redis_dead_letters.open_redis(broker) as letters:
-            yield letters
-    else:
-        with _dlq.open_channel(broker) as channel:
-            yield _replay.RabbitDeadLetters(channel)
+__all__ = ["archive_named", "dlq", "dlq_archive"]
 
 
 def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """Run one ``inbox dlq`` subcommand; broker errors propagate."""
     if args.dlq_command in ("list", "show"):
         return _read(args, broker, io)
+    if args.dlq_command == "groups":
+        return _groups(args, broker, io)
     filters = Filters(
         frozenset(args.reason),
         frozenset(args.handler),
         args.older_than,
         frozenset(args.message_ids),
+        frozenset(args.groups),
     )
     preview = None
     if args.dlq_command == "purge" and not args.dry_run and not args.yes:
@@ -60,7 +42,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
         if isinstance(asked, int):
             return asked
         preview = asked
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         progress = _progress(io.err) if not args.quiet and io.err.isatty() else None
         if args.dlq_command == "replay":
             report = _replay.replay(
@@ -100,7 +82,7 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
 
 def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     """``inbox dlq list`` and ``inbox dlq show``: dead letters read, left in place."""
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         if args.dlq_command == "list":
             present, letters = source.peek(args.queue, args.limit)
             if args.json:
@@ -119,6 +101,74 @@ def _read(args: argparse.Namespace, broker: str, io: Streams) -> int:
     return EXIT_OK
 
 
+def archive_named(name: str) -> Table:
+    """The archive table named ``[SCHEMA.]NAME`` (``ValueError`` for a name that is not a
+    plain identifier)."""
+    schema, _, bare = name.rpartition(".")
+    return archive_table(MetaData(), bare, schema=schema or None)
+
+
+def dlq_archive(
+    args: argparse.Namespace, broker: str, engine: Engine, table: Table, io: Streams
+) -> int:
+    """``inbox dlq archive``: the dead letters that pass the filters moved into the archive
+    table as the user running the command (bounded as a purge; ``--dry-run`` moves none)."""
+    filters = Filters(
+        frozenset(args.reason),
+        frozenset(args.handler),
+        args.older_than,
+        frozenset(args.message_ids),
+        frozenset(args.groups),
+    )
+    with open_dead_letters(broker) as source:
+        report = _archive.archive(
+            source,
+            engine,
+            table,
+            args.queue,
+            filters=filters,
+            who=_user(),
+            limit=args.limit,
+            max_read=args.max_read,
+            dry_run=args.dry_run,
+        )
+    if not args.quiet:
+        io.out.write(f"{_render.move_line(report, 'archive')}\n")
+        if report.dry_run:
+            _write_taken(report, io.out)
+    return EXIT_OK
+
+
+def _user() -> str:
+    """Who runs the command, for the archive's ``archived_by`` (``-`` when unknown)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no such uid in the password database
+        return "-"
+
+
+def _groups(args: argparse.Namespace, broker: str, io: Streams) -> int:
+    """``inbox dlq groups``: the first ``--limit`` dead letters grouped by how they failed,
+    left in place."""
+    with open_dead_letters(broker) as source:
+        present, letters = source.peek(args.queue, args.limit)
+    found = _failure_groups.groups(letters)
+    if args.json:
+        document = {
+            "present": present,
+            "read": len(letters),
+            "groups": [_printing.group_document(group) for group in found],
+        }
+        io.out.write(_printing.as_json(document))
+        return EXIT_OK
+    dlq = _dlq.dead_letter_queue(args.queue)
+    io.out.write(
+        f"{len(found)} failure groups among {len(letters)} of {present} dead letters in {dlq}\n"
+    )
+    io.out.writelines(f"{line}\n" for group in found for line in _printing.group_lines(group))
+    return EXIT_OK
+
+
 def _confirmed(
     args: argparse.Namespace, broker: str, filters: Filters, io: Streams
 ) -> int | _replay.PreviewBound:
@@ -127,7 +177,7 @@ def _confirmed(
     a terminal, show it and refuse. The exit code, or the bound of the purge confirmed: no
     more than the preview read and took (a dead letter arriving while the operator reads
     the question is not deleted unseen)."""
-    with _dead_letters(broker) as source:
+    with open_dead_letters(broker) as source:
         preview = _replay.purge(
             source, args.queue, filters, limit=args.limit, max_read=args.max_read, dry_run=True
         )

@@ -18,9 +18,10 @@ from inbox._cli import (
 )
 from inbox.admin import _commands
 from inbox.admin._subcommands import Subcommand, discovered
-from inbox.operations._filters import dead_letter_reason, duration
+from inbox.operations._filters import dead_letter_reason, duration, failure_group
 from inbox.operations._tables import Tables
 from inbox.schema import (
+    DEFAULT_ARCHIVE_TABLE_NAME,
     DEFAULT_EFFECT_TABLE_NAME,
     DEFAULT_OUTBOX_TABLE_NAME,
     DEFAULT_TABLE_NAME,
@@ -82,38 +83,9 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
         "--revision", default="head", help="an inbox revision to upgrade to (default: head)"
     )
 
-    dlq = commands.add_parser("dlq", help="a worker's dead-letter queue <QUEUE>.dlq")
-    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=UsageParser)
-    listing = dlq_commands.add_parser("list", help="the first dead letters, left in place")
-    _broker_options(listing)
-    listing.add_argument("--limit", type=whole_number(1, 10_000), default=20)
-    listing.add_argument("--json", action="store_true", help="one JSON document")
-    show_one = dlq_commands.add_parser("show", help="one dead letter in full, left in place")
-    _broker_options(show_one)
-    show_one.add_argument(
-        "message_id",
-        metavar="MESSAGE-ID",
-        help="its message id, or the ref=sha256:... that list shows for one without",
+    dlq_parsers = _dlq_parsers(
+        commands.add_parser("dlq", help="a worker's dead-letter queue <QUEUE>.dlq")
     )
-    show_one.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
-    replay = dlq_commands.add_parser(
-        "replay", help="move the dead letters present now back to QUEUE, tries reset"
-    )
-    _move_options(replay)
-    replay.add_argument(
-        "--max-replays",
-        type=whole_number(1),
-        default=3,
-        help="leave a message replayed N times already where it is (default 3)",
-    )
-    replay.add_argument(
-        "--keep-tries",
-        action="store_true",
-        help="keep x-inbox-tries: one more failure dead-letters",
-    )
-    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
-    _move_options(purge)
-    purge.add_argument("--yes", action="store_true", help="do not ask")
 
     for name, subcommand in discovered().items():  # inbox console, registered by the console
         added = commands.add_parser(name, help=subcommand.help)
@@ -131,7 +103,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     if parsers is not None:
         parsers["inbox"] = parser
         parsers.update({f"inbox {name}": p for name, p in commands.choices.items()})
-        parsers.update({f"inbox dlq {name}": p for name, p in dlq_commands.choices.items()})
+        parsers.update({f"inbox dlq {name}": p for name, p in dlq_parsers.items()})
     return parser
 
 
@@ -213,12 +185,79 @@ def _move_options(parser: argparse.ArgumentParser) -> None:
         "without (repeat)",
     )
     parser.add_argument(
+        "--group",
+        dest="groups",
+        action="append",
+        default=[],
+        type=_argument(failure_group),
+        help="only this failure group, the fp-... id inbox dlq groups shows (repeat)",
+    )
+    parser.add_argument(
         "--older-than",
         type=_argument(duration),
         help="only dead-lettered at least this long ago (30m, 7d)",
     )
     parser.add_argument("--dry-run", action="store_true", help="count, change nothing")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no progress or summary")
+
+
+def _dlq_parsers(dlq: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of ``inbox dlq``; their parsers by name (for the reference)."""
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, parser_class=UsageParser)
+    listing = dlq_commands.add_parser("list", help="the first dead letters, left in place")
+    _broker_options(listing)
+    listing.add_argument("--limit", type=whole_number(1, 10_000), default=20)
+    listing.add_argument("--json", action="store_true", help="one JSON document")
+    grouped = dlq_commands.add_parser(
+        "groups",
+        help="the dead letters read grouped by how they failed (reason, handlers, exception, "
+        "error text with ids and numbers normalised), left in place",
+    )
+    _broker_options(grouped)
+    grouped.add_argument(
+        "--limit",
+        type=whole_number(1, 10_000),
+        default=1000,
+        help="group the first N dead letters (default 1000)",
+    )
+    grouped.add_argument("--json", action="store_true", help="one JSON document")
+    show_one = dlq_commands.add_parser("show", help="one dead letter in full, left in place")
+    _broker_options(show_one)
+    show_one.add_argument(
+        "message_id",
+        metavar="MESSAGE-ID",
+        help="its message id, or the ref=sha256:... that list shows for one without",
+    )
+    show_one.add_argument("--max-body", type=whole_number(0), default=4096, help="bytes shown")
+    replay = dlq_commands.add_parser(
+        "replay", help="move the dead letters present now back to QUEUE, tries reset"
+    )
+    _move_options(replay)
+    replay.add_argument(
+        "--max-replays",
+        type=whole_number(1),
+        default=3,
+        help="leave a message replayed N times already where it is (default 3)",
+    )
+    replay.add_argument(
+        "--keep-tries",
+        action="store_true",
+        help="keep x-inbox-tries: one more failure dead-letters",
+    )
+    archive = dlq_commands.add_parser(
+        "archive",
+        help="move dead letters into the archive table of the inbox's database (the console "
+        "restores or deletes them; inbox-cleanup --archive-days expires them)",
+    )
+    _move_options(archive)
+    archive.add_argument("--database-url", help=f"SQLAlchemy URL (default ${DATABASE_URL_ENV})")
+    archive.add_argument(
+        "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="[SCHEMA.]NAME"
+    )
+    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
+    _move_options(purge)
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+    return dict(dlq_commands.choices)
 
 
 def _broker_options(parser: argparse.ArgumentParser) -> None:

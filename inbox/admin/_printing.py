@@ -12,10 +12,18 @@ from typing import Any
 
 from inbox._oneline import bounded
 from inbox.operations._dead_letters import DeadLetterRecord, summary_fields
+from inbox.operations._failure_groups import FailureGroup
 from inbox.operations._render import body_view, property_lines, when
 from inbox.operations._status import DONE_WITHOUT_RESULT, StatusReport
 
-__all__ = ["as_json", "dead_letter_line", "message_lines", "status_lines"]
+__all__ = [
+    "as_json",
+    "dead_letter_line",
+    "group_document",
+    "group_lines",
+    "message_lines",
+    "status_lines",
+]
 
 
 def as_json(value: object) -> str:
@@ -102,3 +110,36 @@ def message_lines(
     cut = f", first {view.shown} shown" if view.shown < view.size else ""
     yield f"body ({view.size} bytes{cut}, {view.form}):"
     yield view.text
+
+
+def group_lines(group: FailureGroup) -> Iterator[str]:
+    """One failure group of ``inbox dlq groups``: its id and count, then how it failed, when
+    and a sample."""
+    print_ = group.fingerprint
+    yield (
+        f"{group.id} count={group.count} first={when(group.first_seen)} "
+        f"last={when(group.last_seen)}"
+    )
+    yield (
+        f"  reason={print_.reason} handlers={','.join(print_.handlers) or '-'} "
+        f"exception={print_.exception_type or '-'}"
+    )
+    yield f"  error={bounded(print_.message, 200) or '-'}"
+    yield f"  sample: {dead_letter_line(group.sample)}"
+
+
+def group_document(group: FailureGroup) -> dict[str, object]:
+    """One failure group as ``inbox dlq groups --json`` writes it."""
+    print_ = group.fingerprint
+    return {
+        "id": group.id,
+        "count": group.count,
+        "first_seen": group.first_seen,
+        "last_seen": group.last_seen,
+        "reason": print_.reason,
+        "handlers": list(print_.handlers),
+        "exception_type": print_.exception_type,
+        "error": print_.message,
+        "refs": group.refs,
+        "sample": group.sample,
+    }

@@ -37,7 +37,7 @@ from inbox._cli import (
 )
 from inbox._oneline import database_error_line
 from inbox.admin import _commands
-from inbox.admin._dlq_commands import dlq
+from inbox.admin._dlq_commands import archive_named, dlq, dlq_archive
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._parser import usage_parser
 from inbox.errors import ConfigurationError
@@ -75,6 +75,19 @@ def admin_main(
     try:
         args = parser.parse_args(arguments)
         broker = _broker_url(args)
+        if args.command == "dlq" and args.dlq_command == "archive":
+            assert broker is not None
+            archive_url = database_url(args.database_url)
+            archive = archive_named(args.archive_table)
+            archive_engine, archive_broker = _engine(archive_url), broker
+
+            def archived() -> int:
+                try:
+                    return dlq_archive(args, archive_broker, archive_engine, archive, io)
+                finally:
+                    archive_engine.dispose()
+
+            return _guarded(archived, io, archive_url, broker)
         if args.command == "dlq":
             assert broker is not None
             dlq_broker = broker

@@ -20,7 +20,14 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _effect_pages, _outbox_pages
+from inbox.console import (
+    _archive_pages,
+    _audit_pages,
+    _claim_pages,
+    _effect_pages,
+    _group_pages,
+    _outbox_pages,
+)
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -43,6 +50,7 @@ from inbox.console._web import (
     settings_of,
     tables_of,
 )
+from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
 from inbox.operations import _status
 from inbox.operations._tables import Tables
@@ -161,7 +169,7 @@ def _queue_summary(broker: str, queue: str, limit: int) -> QueueSummary:
     without holding any message: what the overview's refresh every few seconds reads)."""
     name = _dlq.dead_letter_queue(queue)
     try:
-        present, letters = _dlq.peek_if_present(broker, queue, limit)
+        present, letters = sources.peek_if_present(broker, queue, limit)
     except Exception as exc:  # one queue's failure is part of the page, not its end
         return QueueSummary(queue, name, None, {}, one_line(exc, broker))
     reasons = Counter(letter.reason or "unknown" for letter in letters)
@@ -228,6 +236,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/overview/counts", overview_counts, methods=["GET"]),
             Route("/dead-letters", letters.dead_letters, methods=["GET"]),
             Route("/dead-letters/message", letters.dead_letter, methods=["GET"]),
+            Route("/dead-letters/groups", _group_pages.failure_groups, methods=["GET"]),
             Route("/dead-letters/replay", letters.replay, methods=["POST"]),
             Route("/dead-letters/purge", letters.purge, methods=["POST"]),
             Route("/effects", _effect_pages.effects, methods=["GET"]),
@@ -239,6 +248,11 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/outbox/drop", _outbox_pages.outbox_drop, methods=["POST"]),
             Route("/claims", _claim_pages.claims, methods=["GET"]),
             Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
+            Route("/audit", _audit_pages.audit_page, methods=["GET"]),
+            Route("/dead-letters/archive", letters.archive, methods=["POST"]),
+            Route("/archive", _archive_pages.archived, methods=["GET"]),
+            Route("/archive/restore", _archive_pages.archive_restore, methods=["POST"]),
+            Route("/archive/delete", _archive_pages.archive_delete, methods=["POST"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

@@ -5,7 +5,8 @@ event. OpenTelemetry stays optional: without it only the line is written.
 
 ``inbox console`` sends the lines to stderr (:func:`log_to`), and with ``--audit-file`` also
 as JSON lines to a file; an application serving :func:`inbox.console.create_app` itself
-configures the logger as it configures its others."""
+configures the logger as it configures its others. The process also keeps the last
+:data:`RECENT_KEPT` records for the console's audit page (:func:`recent_audit`)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,25 @@ import datetime as dt
 import json
 import logging
 import sys
+import threading
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final, TextIO
 
 from inbox._oneline import bounded
 from inbox.errors import ConfigurationError
 
-__all__ = ["AUDIT_LOGGER", "LOG_LEVELS", "AuditJson", "audit", "log_to"]
+__all__ = [
+    "AUDIT_LOGGER",
+    "LOG_LEVELS",
+    "RECENT_KEPT",
+    "AuditJson",
+    "AuditRecord",
+    "audit",
+    "log_to",
+    "recent_audit",
+]
 
 AUDIT_LOGGER: Final = "inbox.console.audit"
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
@@ -36,6 +49,7 @@ def audit(who: str, action: str, count: int, details: Mapping[str, object]) -> N
     who = bounded(who, 100)  # a refused sign-in's user name is whatever was typed
     facts = " ".join(f"{k}={bounded(str(v), 200)!r}" for k, v in details.items())
     record = {"who": who, "action": action, "count": count, **_plain(details)}
+    _remember(record)
     _log.info(
         "console action by=%r action=%s count=%d %s",
         who,
@@ -60,6 +74,45 @@ def audit(who: str, action: str, count: int, details: Mapping[str, object]) -> N
     tracer = trace.get_tracer("inbox.console")
     with tracer.start_as_current_span("inbox.console.action", attributes=attributes) as span:
         span.add_event("inbox.audit", attributes)
+
+
+RECENT_KEPT: Final = 1000
+"""The audit records this process keeps for the console's audit page, at most (the newest)."""
+_recent: deque[AuditRecord] = deque(maxlen=RECENT_KEPT)
+_recent_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One audit line as the audit page shows it: when (UTC), who, what, how many, and the
+    details (bounded texts)."""
+
+    at: dt.datetime
+    who: str
+    action: str
+    count: int
+    details: dict[str, object]
+
+
+def _remember(record: Mapping[str, object]) -> None:
+    details = {k: v for k, v in record.items() if k not in ("who", "action", "count")}
+    count = record["count"]
+    remembered = AuditRecord(
+        dt.datetime.now(dt.UTC),
+        str(record["who"]),
+        str(record["action"]),
+        count if isinstance(count, int) else 0,
+        details,
+    )
+    with _recent_lock:
+        _recent.append(remembered)
+
+
+def recent_audit() -> list[AuditRecord]:
+    """The last :data:`RECENT_KEPT` audit records of this process, newest first (what the
+    console's audit page shows; the ``--audit-file`` keeps every one)."""
+    with _recent_lock:
+        return list(reversed(_recent))
 
 
 def _plain(details: Mapping[str, object]) -> dict[str, object]:

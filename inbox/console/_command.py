@@ -54,7 +54,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     for refused in ("--token", "--password"):
         parser.add_argument(refused, nargs="?", action=_SecretOnCommandLine, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--broker", help=f"RabbitMQ URL, for the dead letters (default ${BROKER_URL_ENV})"
+        "--broker",
+        help=(
+            "RabbitMQ URL, or a Celery app's Redis URL, for the dead letters "
+            f"(default ${BROKER_URL_ENV})"
+        ),
     )
     parser.add_argument(
         "--queue",
@@ -70,7 +74,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-actions",
         action="store_true",
-        help="allow replays, purges, releases and outbox changes (default: read-only)",
+        help="allow replays, archiving, releases and outbox changes (default: read-only)",
+    )
+    parser.add_argument(
+        "--allow-hard-purge",
+        action="store_true",
+        help="with --allow-actions: also offer purge, which deletes dead letters for good "
+        "(default: they are archived, and can be restored)",
     )
     parser.add_argument("--token-file", help=f"a file holding the token (default ${TOKEN_ENV})")
     parser.add_argument(
@@ -140,6 +150,7 @@ def run(
         broker,
         tuple(args.queues),
         allow_actions=args.allow_actions,
+        allow_hard_purge=args.allow_hard_purge,
         max_body=args.max_body,
         schemas=schemas,
         workers=tuple(check_worker_url(url) for url in args.workers),

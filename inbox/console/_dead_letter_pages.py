@@ -24,14 +24,30 @@ from inbox.console._web import (
     page,
     render_page,
     settings_of,
+    tables_of,
     whole_field,
 )
 from inbox.delivery import headers as h
+from inbox.operations import _archive, _render, _replay
+from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _render, _replay
-from inbox.operations._filters import REASONS, Filters, dead_letter_reason, duration
+from inbox.operations._filters import (
+    REASONS,
+    Filters,
+    dead_letter_reason,
+    duration,
+    failure_group,
+)
 
-__all__ = ["dead_letter", "dead_letters", "purge", "replay"]
+__all__ = [
+    "archive",
+    "broker_of",
+    "dead_letter",
+    "dead_letters",
+    "purge",
+    "queue_of",
+    "replay",
+]
 
 _HISTORY: Final = (
     (h.ORIGINAL_FIRST_FAILURE, "first failed (before any replay)"),
@@ -45,7 +61,8 @@ _HISTORY: Final = (
 _PREVIEWED: Final = 100  # the dead letters a confirmation page lists
 
 
-def _queue(request: Request, name: str | None) -> str:
+def queue_of(request: Request, name: str | None) -> str:
+    """The queue a request names: one of the console's (the first when none is named)."""
     settings = settings_of(request)
     if not settings.queues:
         raise HttpProblem(404, "no queues: start the console with --queue QUEUE (and a broker)")
@@ -56,7 +73,8 @@ def _queue(request: Request, name: str | None) -> str:
     return name
 
 
-def _broker(request: Request) -> str:
+def broker_of(request: Request) -> str:
+    """The console's broker URL; a 404 when it has none."""
     broker = settings_of(request).broker
     if broker is None:
         raise HttpProblem(404, "no broker: start the console with --broker or INBOX_BROKER_URL")
@@ -66,13 +84,13 @@ def _broker(request: Request) -> str:
 @page
 async def dead_letters(request: Request, user: User) -> Response:
     """A queue's dead letters (the first ones, left in place), with their reasons."""
-    queue = _queue(request, request.query_params.get("queue"))
-    broker = _broker(request)
+    queue = queue_of(request, request.query_params.get("queue"))
+    broker = broker_of(request)
     limit = settings_of(request).peek_limit
 
     order = table.order_of(request.query_params.get("sort"), request.query_params.get("order"))
 
-    present, letters = await run_in_threadpool(_dlq.peek_if_present, broker, queue, limit)
+    present, letters = await run_in_threadpool(sources.peek_if_present, broker, queue, limit)
     reasons = Counter(letter.reason or "unknown" for letter in letters)
     return render_page(
         request,
@@ -94,28 +112,29 @@ async def dead_letters(request: Request, user: User) -> Response:
 @page
 async def dead_letter(request: Request, user: User) -> Response:
     """One dead letter in full: properties, headers, history, body (escaped, capped)."""
-    queue = _queue(request, request.query_params.get("queue"))
-    broker = _broker(request)
+    queue = queue_of(request, request.query_params.get("queue"))
+    broker = broker_of(request)
     message_id = request.query_params.get("id", "")
     max_body = settings_of(request).max_body
 
     def read() -> tuple[_dlq.DeadLetterRecord, list[tuple[str, str]], _render.BodyView, list[Any]]:
-        with _dlq.open_channel(broker) as channel:
-            message = _dlq.find(channel, queue, message_id)
-            if message is None:
-                raise HttpProblem(404, "no such dead letter (replayed or purged meanwhile?)")
-            headers: Mapping[str, Any] = message.properties.get("application_headers") or {}
-            history = sorted(
-                (when, label)
-                for name, label in _HISTORY
-                if (when := h.parse_time(headers.get(name))) is not None
-            )
-            return (
-                _dlq.DeadLetterRecord.read(message),
-                list(_render.property_lines(message.properties)),
-                _render.body_view(message.body, max_body),
-                history,
-            )
+        with sources.open_dead_letters(broker) as source:
+            found = source.find(queue, message_id)
+        if found is None:
+            raise HttpProblem(404, "no such dead letter (replayed or purged meanwhile?)")
+        message_properties, message_body = found
+        headers: Mapping[str, Any] = message_properties.get("application_headers") or {}
+        history = sorted(
+            (when, label)
+            for name, label in _HISTORY
+            if (when := h.parse_time(headers.get(name))) is not None
+        )
+        return (
+            _dlq.DeadLetterRecord.of(message_properties, headers, message_body),
+            list(_render.property_lines(message_properties)),
+            _render.body_view(message_body, max_body),
+            history,
+        )
 
     letter, properties, body, history = await run_in_threadpool(read)
     return render_page(
@@ -134,6 +153,7 @@ async def dead_letter(request: Request, user: User) -> Response:
 def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
     try:
         reasons = frozenset(dead_letter_reason(r) for r in form_texts(form, "reason"))
+        groups = frozenset(failure_group(g) for g in form_texts(form, "group"))
         older = form_text(form, "older_than")
         older_than = duration(older) if older else None
     except ValueError as exc:  # the CLI's words for bad input
@@ -143,19 +163,21 @@ def _filters(form: FormData) -> tuple[Filters, dict[str, object]]:
         frozenset(form_texts(form, "handler")),
         older_than,
         frozenset(form_texts(form, "id")),
+        groups,
     )
     described: dict[str, object] = {
         "reasons": ",".join(sorted(filters.reasons)) or "any",
         "handlers": ",".join(sorted(filters.handlers)) or "any",
         "older_than": older or "-",
         "ids": ",".join(sorted(filters.message_ids)) or "any",
+        **({"groups": ",".join(sorted(filters.groups))} if filters.groups else {}),
     }
     return filters, described
 
 
 async def _move(request: Request, user: User, form: FormData, command: str) -> Response:
-    queue = _queue(request, form_text(form, "queue"))
-    broker = _broker(request)
+    queue = queue_of(request, form_text(form, "queue"))
+    broker = broker_of(request)
     filters, described = _filters(form)
     if form_text(form, "selection") == "yes" and not filters.message_ids:
         raise HttpProblem(400, "no dead letter selected: tick the rows to replay or purge")
@@ -166,8 +188,19 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     preview = _preview_bound(form) if confirmed else None
 
     def run(dry_run: bool) -> _replay.MoveReport:
-        with _dlq.open_channel(broker) as channel:
-            source = _replay.RabbitDeadLetters(channel)
+        with sources.open_dead_letters(broker) as source:
+            if command == "archive":
+                return _archive.archive(
+                    source,
+                    settings_of(request).engine,
+                    tables_of(request, form).archive,
+                    queue,
+                    filters=filters,
+                    who=user.who,
+                    limit=limit,
+                    dry_run=dry_run,
+                    preview=preview,
+                )
             if command == "replay":
                 return _replay.replay(
                     source,
@@ -194,6 +227,7 @@ async def _move(request: Request, user: User, form: FormData, command: str) -> R
     fields += [("reason", r) for r in sorted(filters.reasons)]
     fields += [("handler", x) for x in sorted(filters.handlers)]
     fields += [("id", x) for x in sorted(filters.message_ids)]
+    fields += [("group", x) for x in sorted(filters.groups)]
     fields += [("older_than", form_text(form, "older_than"))]
     # The confirmed run reads and takes no more than this preview did (see _preview_bound).
     fields += [("preview_read", str(report.examined)), ("preview_taken", str(report.moved))]
@@ -246,6 +280,18 @@ async def replay(request: Request, user: User, form: FormData) -> Response:
 
 
 @action
+async def archive(request: Request, user: User, form: FormData) -> Response:
+    """Preview an archive (a dry run), and on confirmation move them to the archive table."""
+    return await _move(request, user, form, "archive")
+
+
+@action
 async def purge(request: Request, user: User, form: FormData) -> Response:
-    """Preview a purge (a dry run), and on confirmation purge."""
+    """Preview a purge (a dry run), and on confirmation purge: only on a console started
+    with ``--allow-hard-purge`` (else dead letters are archived, not deleted)."""
+    if not settings_of(request).allow_hard_purge:
+        audit(user.who, "refused", 0, {"path": request.url.path, "why": "no hard purge"})
+        raise HttpProblem(
+            403, "purge deletes for good: archive instead, or start with --allow-hard-purge"
+        )
     return await _move(request, user, form, "purge")

@@ -43,11 +43,17 @@ class ConsoleSettings:
     """Tenant schemas (``sessions_for``): each page works on the one chosen on the page, with
     the tables' unqualified names in it. None: the tables as given."""
 
+    allow_hard_purge: bool = False
+    """Offer purge, which deletes dead letters for good (with ``allow_actions``); without it
+    they are archived (:mod:`inbox.operations._archive`) and purge is refused."""
+
     def __post_init__(self) -> None:
         if self.schemas and any(
             t.schema for t in (self.tables.claims, self.tables.effects, self.tables.outbox)
         ):
             raise ConfigurationError("with schemas, table names are NAME, not SCHEMA.NAME")
+        if self.allow_hard_purge and not self.allow_actions:
+            raise ConfigurationError("--allow-hard-purge needs --allow-actions")
         if self.queues and not self.broker:
             raise ConfigurationError("dead-letter queues need a broker URL")
         if self.max_body < 0 or self.peek_limit < 1:

@@ -138,6 +138,7 @@ def render_page(
     html = _templates.get_template(template).render(
         user=user,
         allow_actions=settings.allow_actions,
+        allow_hard_purge=settings.allow_hard_purge,
         queues=settings.queues,
         schemas=settings.schemas,
         schema=_schema_shown(request),

@@ -13,8 +13,16 @@ from inbox._oneline import bounded
 from inbox.delivery._policy import DeadLetterReason
 from inbox.errors import ConfigurationError
 from inbox.operations._dead_letters import DeadLetterRecord
+from inbox.operations._failure_groups import GROUP_PREFIX, fingerprint_of
 
-__all__ = ["MAX_DURATION", "REASONS", "Filters", "dead_letter_reason", "duration"]
+__all__ = [
+    "MAX_DURATION",
+    "REASONS",
+    "Filters",
+    "dead_letter_reason",
+    "duration",
+    "failure_group",
+]
 
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -47,6 +55,20 @@ def dead_letter_reason(text: str) -> str:
     return text
 
 
+_GROUP_ID: Final = re.compile(re.escape(GROUP_PREFIX) + "[0-9a-f]{12}")
+
+
+def failure_group(text: str) -> str:
+    """A failure group's id as ``inbox dlq groups`` prints it (``fp-`` and 12 hex digits);
+    ``ValueError`` else."""
+    if _GROUP_ID.fullmatch(text) is None:
+        raise ConfigurationError(
+            f"expected a failure group like {GROUP_PREFIX}0123456789ab "
+            f"(inbox dlq groups lists them), got {bounded(text, 60)!r}"
+        )
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Which dead letters to take: all of these that are given must hold."""
@@ -60,6 +82,9 @@ class Filters:
     message_ids: frozenset[str] = frozenset()
     """The message id (its :attr:`~inbox.operations._dead_letters.DeadLetterRecord.ref`
     for one without) is one of these: one dead letter, or a chosen few."""
+    groups: frozenset[str] = frozenset()
+    """The failure group's id (:attr:`~inbox.operations._failure_groups.Fingerprint.id`) is
+    one of these: every dead letter that failed the same way."""
 
     def take(self, letter: DeadLetterRecord, now: dt.datetime) -> bool:
         """Whether ``letter`` passes every filter given."""
@@ -68,6 +93,8 @@ class Filters:
         if self.reasons and letter.reason not in self.reasons:
             return False
         if self.handlers and not self.handlers & set(letter.failed_handlers):
+            return False
+        if self.groups and fingerprint_of(letter).id not in self.groups:
             return False
         if self.older_than is None:
             return True

@@ -58,6 +58,9 @@ class RedisDeadLetters:
     """``inbox dlq``'s operations on the dead-letter lists of one Redis server: a
     :class:`~inbox.operations._replay.DeadLetterSource` whose reading takes nothing."""
 
+    kind: Final = "redis"
+    """Where an archived letter of it can be restored."""
+
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
 
@@ -80,6 +83,7 @@ class RedisDeadLetters:
                     "content_type": envelope.get("content-type"),
                     "content_encoding": envelope.get("content-encoding"),
                     **_properties(envelope),
+                    **_named(envelope),
                     "application_headers": _headers(envelope),
                 }
                 return properties, _body(envelope)
@@ -88,6 +92,14 @@ class RedisDeadLetters:
     def depth(self, queue: str) -> int:
         """The length of the list ``queue`` (0 when there is none)."""
         return int(self._client.llen(queue))
+
+    def restore(
+        self, queue: str, headers: Mapping[str, Any], properties: Mapping[str, Any], body: bytes
+    ) -> None:
+        """Push an archived dead letter (``body``: kombu's envelope as it was in the list)
+        back onto the list ``queue``, as a replay moves one (tries reset)."""
+        envelope = _envelope(body)
+        self._client.lpush(queue, json.dumps(_replayed(envelope, queue, keep_tries=False)))
 
     def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
         """The oldest ``count`` entries of ``queue``'s dead-letter list at most, oldest
@@ -141,15 +153,11 @@ class _RedisLetter:
     def leave(self) -> None:
         """Nothing to do: reading took nothing."""
 
+    def contents(self) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+        return _headers(self._envelope), dict(_properties(self._envelope)), self._raw
+
     def replay(self, *, keep_tries: bool) -> bool:
-        copy = dict(self._envelope)
-        copy["headers"] = replayed_headers(
-            _headers(self._envelope), self.letter, keep_tries=keep_tries
-        )
-        properties = dict(_properties(self._envelope))
-        properties["delivery_tag"] = str(uuid.uuid4())
-        properties["delivery_info"] = {"exchange": "", "routing_key": self._queue}
-        copy["properties"] = properties
+        copy = _replayed(self._envelope, self._queue, keep_tries=keep_tries)
         self._tally.moved += 1  # moved now, or taken by another run before: gone either way
         moved = self._client.eval(_MOVE, 2, self._dlq, self._queue, self._raw, json.dumps(copy))
         return bool(moved)
@@ -158,6 +166,18 @@ class _RedisLetter:
         self._tally.moved += 1  # deleted now, or taken by another run before
         # redis-py sends bytes as they are (its annotation says str).
         return bool(self._client.lrem(self._dlq, -1, self._raw))  # type: ignore[arg-type]
+
+
+def _replayed(envelope: Mapping[str, Any], queue: str, *, keep_tries: bool) -> dict[str, Any]:
+    """The envelope a replay pushes onto ``queue``: the tries reset (unless ``keep_tries``),
+    a delivery tag of its own."""
+    copy = dict(envelope)
+    copy["headers"] = replayed_headers(_headers(envelope), _record(envelope), keep_tries=keep_tries)
+    properties = dict(_properties(envelope))
+    properties["delivery_tag"] = str(uuid.uuid4())
+    properties["delivery_info"] = {"exchange": "", "routing_key": queue}
+    copy["properties"] = properties
+    return copy
 
 
 def _envelope(raw: bytes) -> dict[str, Any]:
@@ -188,15 +208,17 @@ def _body(envelope: Mapping[str, Any]) -> bytes:
 
 
 def _record(envelope: Mapping[str, Any]) -> DeadLetterRecord:
+    return DeadLetterRecord.of(
+        {**_properties(envelope), **_named(envelope)}, _headers(envelope), _body(envelope)
+    )
+
+
+def _named(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """The message id and type: a Celery task message names its id and task in headers,
+    not in AMQP properties."""
     properties = _properties(envelope)
     headers = _headers(envelope)
-    # A Celery task message names its id and task in headers, not in AMQP properties.
-    return DeadLetterRecord.of(
-        {
-            **properties,
-            "message_id": properties.get("message_id") or headers.get("id"),
-            "type": properties.get("type") or headers.get("task"),
-        },
-        headers,
-        _body(envelope),
-    )
+    return {
+        "message_id": properties.get("message_id") or headers.get("id"),
+        "type": properties.get("type") or headers.get("task"),
+    }

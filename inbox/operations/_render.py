@@ -74,9 +74,9 @@ def message_id_hint(looked_in_dead_letters: bool) -> Iterator[str]:
 def move_line(report: MoveReport, command: str) -> str:
     """The summary line of a replay or a purge: moved of present, then read and matched,
     then what was left and why."""
-    done = {"replay": "replayed", "purge": "purged"}[command]
+    done = {"replay": "replayed", "purge": "purged", "archive": "archived"}[command]
     verb = f"would {command}" if report.dry_run else done
-    target = f" to {report.queue}" if command == "replay" else ""
+    target = {"replay": f" to {report.queue}", "archive": " to the archive"}.get(command, "")
     line = (
         f"{verb} {report.moved} of {report.present} dead letters from "
         f"{report.dead_letter_queue}{target} (read {report.examined}, matched {report.matched})"

@@ -121,6 +121,10 @@ class HeldLetter(Protocol):
     def delete(self) -> bool:
         """Take it from the dead-letter queue for good; False when it was gone already."""
 
+    def contents(self) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+        """Its headers, its other properties and its body, as an archive keeps them (on
+        Redis the body is kombu's whole envelope, which a restore pushes back)."""
+
 
 class DeadLetterSource(Protocol):
     """Where a replay or purge reads dead letters."""
@@ -178,15 +182,21 @@ def purge(
     dry_run: bool = False,
     progress: Callable[[MoveReport], None] | None = None,
     preview: PreviewBound | None = None,
+    keep: Callable[[HeldLetter], None] | None = None,
 ) -> MoveReport:
     """Delete at most ``limit`` dead letters of ``queue`` that pass ``filters`` (one by
-    one), reading at most ``max_read``; with ``preview``, bounded as :func:`replay`."""
+    one), reading at most ``max_read``; with ``preview``, bounded as :func:`replay`. With
+    ``keep`` (an archive), each is kept by it before it is deleted: when ``keep`` raises,
+    that dead letter stays where it is and the error propagates."""
     report = _report(source, queue, limit, max_read, dry_run, preview=preview)
     for held in _bounded(source, report, filters, progress):
         if dry_run:
             report.take(held.letter)
             held.leave()
-        elif held.delete():
+            continue
+        if keep is not None:
+            keep(held)
+        if held.delete():
             report.take(held.letter)
     return report
 
@@ -241,6 +251,9 @@ class RabbitDeadLetters:
     (the Redis ones: :class:`inbox.operations._redis_dead_letters.RedisDeadLetters`): a
     message read and not taken is held unacked until the channel closes."""
 
+    kind: Final = "amqp"
+    """Where an archived letter of it can be restored."""
+
     def __init__(self, channel: amqp.Channel) -> None:
         self._channel = channel
 
@@ -256,6 +269,15 @@ class RabbitDeadLetters:
     def depth(self, queue: str) -> int:
         """:func:`~inbox.operations._dead_letters.depth` on this channel."""
         return depth(self._channel, queue)
+
+    def restore(
+        self, queue: str, headers: Mapping[str, Any], properties: Mapping[str, Any], body: bytes
+    ) -> None:
+        """Publish an archived dead letter back to ``queue`` (confirmed), as a replay
+        copies one (:func:`replayed_headers`, tries reset)."""
+        letter = DeadLetterRecord.of(properties, headers, body)
+        message = {**properties, "application_headers": dict(headers)}
+        publish_confirmed(self._channel, body, _replayed(message, letter, keep_tries=False), queue)
 
     def read(self, queue: str, count: int) -> Iterator[HeldLetter]:
         """The first ``count`` messages of ``queue``'s dead-letter queue at most, one
@@ -292,6 +314,11 @@ class _RabbitLetter:
     def delete(self) -> bool:
         self._channel.basic_ack(self._message.delivery_tag)
         return True
+
+    def contents(self) -> tuple[dict[str, Any], dict[str, Any], bytes]:
+        properties = dict(self._message.properties)
+        headers = dict(properties.pop("application_headers", None) or {})
+        return headers, properties, bytes(self._message.body)
 
 
 def _replayed(

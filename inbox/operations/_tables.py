@@ -1,4 +1,5 @@
-"""The tables an operation works on: the claims, effect and outbox tables as a person names
+"""The tables an operation works on: the claims, effect and outbox tables (and the dead-letter
+archive) as a person names
 them (``[SCHEMA.]NAME``), the same tables in a tenant's schema, and the schemas holding them."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, MetaData, Table
 
 from inbox.retention._targets import schemas_holding
-from inbox.schema import effect_table, outbox_table, resolve_table
+from inbox.schema import effect_table, inbox_dead_letter_archive, outbox_table, resolve_table
 
 __all__ = ["Tables", "tenant_schemas"]
 
@@ -22,6 +23,8 @@ class Tables:
     claims: Table
     effects: Table
     outbox: Table
+    archive: Table = inbox_dead_letter_archive
+    """The dead-letter archive (:mod:`inbox.operations._archive`)."""
 
     @classmethod
     def named(cls, claims: str, effects: str, outbox: str) -> Tables:
@@ -33,7 +36,9 @@ class Tables:
 
     def in_schema(self, schema: str) -> Tables:
         """The same tables in ``schema`` (a tenant's), on metadata of their own."""
-        return Tables(*(_in_schema(t, schema) for t in (self.claims, self.effects, self.outbox)))
+        return Tables(
+            *(_in_schema(t, schema) for t in (self.claims, self.effects, self.outbox, self.archive))
+        )
 
 
 def tenant_schemas(engine: Engine, tables: Tables) -> list[str]:

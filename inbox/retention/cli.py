@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sqlalchemy import URL, create_engine
+from sqlalchemy import URL, MetaData, create_engine
 
 from inbox._cli import (
     DATABASE_URL_ENV,
@@ -32,6 +32,7 @@ from inbox._oneline import database_error_line
 from inbox.partitioning._catalog import is_partitioned
 from inbox.partitioning._create import ensure_partitions
 from inbox.partitioning._layout import DEFAULT_DAYS_AHEAD
+from inbox.retention._archive_retention import expire_archive
 from inbox.retention._purge import (
     DEFAULT_BATCH_SECONDS,
     MAX_BATCH_SECONDS,
@@ -41,7 +42,12 @@ from inbox.retention._purge import (
     cutoff_for,
 )
 from inbox.retention._targets import targets_for
-from inbox.schema import DEFAULT_TABLE_NAME, resolve_table
+from inbox.schema import (
+    DEFAULT_ARCHIVE_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    archive_table,
+    resolve_table,
+)
 
 __all__ = ["cleanup_main"]
 
@@ -112,6 +118,14 @@ def _cleanup_parser() -> UsageParser:
             "on a table partitioned by inbox.partitioning (PostgreSQL): first create day "
             f"partitions until DAYS days ahead (default: {DEFAULT_DAYS_AHEAD})"
         ),
+    )
+    parser.add_argument(
+        "--archive-days",
+        type=whole_number(1),
+        default=None,
+        metavar="DAYS",
+        help="also delete the dead letters archived more than DAYS days ago "
+        "(inbox_dead_letter_archive, in each schema cleaned; default: keep them)",
     )
     parser.add_argument(
         "--dry-run",
@@ -198,6 +212,17 @@ def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]
                 result_table=target.result_table,
             )
             lines.append(_summary(report, target.table.fullname + where, created))
+            if args.archive_days is not None:
+                archive = archive_table(
+                    MetaData(), DEFAULT_ARCHIVE_TABLE_NAME, schema=target.table.schema
+                )
+                expired = expire_archive(engine, archive, args.archive_days, dry_run=args.dry_run)
+                if expired is not None:
+                    verb = "would delete" if args.dry_run else "deleted"
+                    lines.append(
+                        f"inbox-cleanup: {verb} {expired} dead letters archived more than "
+                        f"{args.archive_days} days ago from {archive.fullname}{where}\n"
+                    )
     finally:
         engine.dispose()
     return lines

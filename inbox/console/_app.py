@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _effect_pages, _outbox_pages
+from inbox.console import _claim_pages, _effect_pages, _outbox_pages, _story_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -239,6 +239,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/outbox/drop", _outbox_pages.outbox_drop, methods=["POST"]),
             Route("/claims", _claim_pages.claims, methods=["GET"]),
             Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
+            Route("/story", _story_pages.story, methods=["GET"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

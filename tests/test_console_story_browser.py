@@ -113,6 +113,14 @@ def test_a_story_shows_claims_effects_the_message_it_sent_and_links_both_ways(
         page.click("a.effect")  # an effect row links to the effect's page
         assert "receipt.send" in page.text()
         assert "/effects/" in page.browser.current_url
+        effect_url = page.browser.current_url
+
+        page.open(f"/claims?q={order_id}")  # the claims page's effect rows link there too
+        page.click("tr.effect-row a.effect")
+        assert page.browser.current_url == effect_url
+        page.open(f"/claims?q={order_id}")
+        page.click("#story-link")
+        assert page.text("#story-of") == order_id
 
         relay = Relay(pg_db.engine, rabbit.url, poll_interval=0.1, listen=False)
         try:

@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _effect_pages, _outbox_pages, _story_pages
+from inbox.console import _claim_pages, _edit_pages, _effect_pages, _outbox_pages, _story_pages
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -230,6 +230,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/dead-letters/message", letters.dead_letter, methods=["GET"]),
             Route("/dead-letters/replay", letters.replay, methods=["POST"]),
             Route("/dead-letters/purge", letters.purge, methods=["POST"]),
+            Route("/dead-letters/edit", _edit_pages.edit_form, methods=["GET"]),
+            Route("/dead-letters/edit", _edit_pages.edit_replay, methods=["POST"]),
             Route("/effects", _effect_pages.effects, methods=["GET"]),
             Route("/effects/{key}", _effect_pages.effect, methods=["GET"]),
             Route("/effects/{key}/done", _effect_pages.effect_done, methods=["POST"]),

@@ -88,6 +88,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "shows its /readyz (repeat)",
     )
     parser.add_argument(
+        "--app",
+        metavar="MODULE:INBOX",
+        help="the application's Inbox (as inbox-worker takes it): an edited dead letter is "
+        "checked against its handlers' body types and claim keys before its replay",
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
@@ -133,6 +139,11 @@ def run(
     )
     if args.all_tenant_schemas and not schemas:
         raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")
+    application = None
+    if args.app:
+        from inbox.broker.cli import load_inbox  # imports the application: only when asked
+
+        application = load_inbox(args.app)
     settings = ConsoleSettings(
         engine,
         tables,
@@ -143,6 +154,7 @@ def run(
         max_body=args.max_body,
         schemas=schemas,
         workers=tuple(check_worker_url(url) for url in args.workers),
+        application=application,
     )
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page

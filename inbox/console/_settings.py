@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from inbox.console._auth import Credentials
 from inbox.errors import ConfigurationError
+from inbox.operations._edit import Application
 from inbox.operations._tables import Tables
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ConsoleSettings"]
@@ -42,6 +43,10 @@ class ConsoleSettings:
     schemas: tuple[str, ...] = ()
     """Tenant schemas (``sessions_for``): each page works on the one chosen on the page, with
     the tables' unqualified names in it. None: the tables as given."""
+    application: Application | None = None
+    """The application's ``Inbox`` (or ``AsyncInbox``; ``inbox console --app``): an edited
+    dead letter is checked against its handlers' body types and claim keys before a
+    replay. None: only the JSON is checked."""
 
     def __post_init__(self) -> None:
         if self.schemas and any(

@@ -20,7 +20,14 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from inbox.console import _claim_pages, _edit_pages, _effect_pages, _outbox_pages, _story_pages
+from inbox.console import (
+    _claim_pages,
+    _edit_pages,
+    _effect_pages,
+    _outbox_pages,
+    _queue_pages,
+    _story_pages,
+)
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions
@@ -242,6 +249,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/claims", _claim_pages.claims, methods=["GET"]),
             Route("/claims/release", _claim_pages.claims_release, methods=["POST"]),
             Route("/story", _story_pages.story, methods=["GET"]),
+            Route("/queues", _queue_pages.queues_page, methods=["GET"]),
+            Route("/queues/live", _queue_pages.queues_live, methods=["GET"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

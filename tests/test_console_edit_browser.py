@@ -192,3 +192,20 @@ def test_inbox_console_app_names_the_application_inbox(
     )
     assert code == 2
     assert "Charge() raised TypeError" in err.getvalue()
+
+
+def test_a_hostile_body_is_text_in_the_edit_form(
+    page: Page, console: Console, pg_db: Database, rabbit: Rabbit
+) -> None:
+    from console_support import dead_letter, declare_queues
+
+    queue = rabbit.queue("hostile")
+    declare_queues(rabbit, queue)
+    hostile = "</textarea><script>document.title='owned'</script><b id=owned>x</b>"
+    message_id = dead_letter(rabbit, queue, json.dumps({"note": hostile}).encode())
+    console.serve(settings(pg_db, rabbit, (queue,)))
+    page.sign_in()
+    page.open(f"/dead-letters/edit?queue={queue}&id={message_id}")
+    assert json.loads(page.find("#edit-body").get_attribute("value") or "") == {"note": hostile}
+    assert page.browser.title.startswith("Edit dead letter")
+    assert not page.browser.find_elements("css selector", "#owned")

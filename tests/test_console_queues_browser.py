@@ -151,3 +151,23 @@ def test_the_overview_shows_uncertain_effects_as_an_alert(
     assert alert.get_attribute("role") == "alert"
     assert "a person must decide each one" in alert.text
     assert page.text("#uncertain-count") == "1"
+
+
+def test_the_metrics_text_is_read_as_prometheus_writes_it() -> None:
+    from inbox.operations._queues import parse_metrics
+
+    text = (
+        "# HELP inbox_processed_total handler runs that committed\n"
+        "# TYPE inbox_processed_total counter\n"
+        'inbox_processed_total{inbox_handler="a,b",inbox_message_type="x=\\"y\\""} 3.0\n'
+        "inbox_processed_total 2\n"
+        "broken_line\n"
+        'messaging_client_consumed_messages_total{messaging_destination_name="q"} 5.0 1700\n'
+    )
+    samples = parse_metrics(text)
+    assert [value for _, value in samples["inbox_processed_total"]] == [3.0, 2.0]
+    assert samples["inbox_processed_total"][0][0]["inbox_handler"] == "a,b"
+    assert samples["messaging_client_consumed_messages_total"] == [
+        ({"messaging_destination_name": "q"}, 5.0)
+    ]
+    assert "broken_line" not in samples

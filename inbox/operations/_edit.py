@@ -4,8 +4,9 @@ the same claim keys, so every handler that committed it skips it and only those 
 run. The copy carries :data:`~inbox.delivery.headers.EDITED_AT`, ``EDITED_BY`` and
 ``EDITED_BEFORE`` (the fingerprint of the letter before the edit).
 
-What an edit may not change: the message id, its type, the ``idempotency-key`` header and
-the ``x-inbox-*`` headers (the worker's and the replay's own). Given the application's
+What an edit may not change: the message id, its type, the ``idempotency-key`` header, the
+trace context (``traceparent``, ``tracestate``, ``baggage``) and the ``x-inbox-*`` headers
+(the worker's and the replay's own). Given the application's
 handlers, an edit is also checked against each handler of the message's type: its ``body=``
 type must accept the new body, and its claim key must not change (a ``key=`` reading an
 edited field would claim anew and run again, even where it committed)."""
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 _PROTECTED_PREFIX: Final = "x-inbox-"
+_KEPT: Final = frozenset({IDEMPOTENCY_KEY_HEADER, "traceparent", "tracestate", "baggage"})
+"""Kept as they are: the claim key's header, and the trace context (W3C) the copy goes on."""
 _MAX_INT: Final = 2**63
 
 
@@ -109,8 +112,8 @@ def original(message: amqp.Message) -> Original:
 
 
 def editable_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """The headers an edit may change: neither ``x-inbox-*`` nor ``idempotency-key``, and
-    only values JSON can show (the others are kept as they are)."""
+    """The headers an edit may change: not ``x-inbox-*``, ``idempotency-key`` or the trace
+    context, and only values JSON can show (the others are kept as they are)."""
     return {
         name: value
         for name, value in headers.items()
@@ -222,7 +225,7 @@ def _typed(handler: Handler, message: Message) -> Message:
 
 
 def _protected(name: str) -> bool:
-    return name.startswith(_PROTECTED_PREFIX) or name == IDEMPOTENCY_KEY_HEADER
+    return name.startswith(_PROTECTED_PREFIX) or name in _KEPT
 
 
 def _json_value(value: object) -> bool:

@@ -260,7 +260,7 @@ def _from_management(
         reason = bounded(mask_urls(str(getattr(exc, "reason", exc))), 300)
         return QueueStats(queue, source="management", error=f"management API: {reason}")
     # No message_stats yet: nothing was published or delivered since the queue began.
-    stats = found.get("message_stats") or {"publish_details": {"rate": 0.0}}
+    stats = found.get("message_stats") or {}
     return QueueStats(
         queue,
         _int(found.get("messages_ready")),
@@ -276,7 +276,8 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _rate(stats: dict[str, Any], name: str) -> float | None:
+def _rate(stats: dict[str, Any], name: str) -> float:
+    """A rate of the queue's ``message_stats``: absent, nothing of that kind was counted."""
     details = stats.get(name)
     rate = details.get("rate") if isinstance(details, dict) else None
-    return float(rate) if isinstance(rate, int | float) else None
+    return float(rate) if isinstance(rate, int | float) else 0.0

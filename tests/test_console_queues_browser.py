@@ -22,6 +22,7 @@ from support.databases import Database
 from support.rabbit import Rabbit
 from support.worker import WorkerProcess, wait_until
 from test_console_browser import Console, Page, browser, console, page  # noqa: F401
+from test_console_story_browser import titled
 from test_health import free_port, start_worker, started, wait_for_status  # noqa: F401
 
 from inbox.broker import Publisher
@@ -91,7 +92,7 @@ def test_queue_numbers_and_worker_counters_from_the_management_api_and_the_worke
 
     page.sign_in()
     page.link("Queues")
-    assert page.browser.title == "Queues · inbox console"
+    titled(page, "Queues · inbox console")
     assert live in page.text("#queue-1")
     eventually(page, "#queue-1", "consumers", "1")
     eventually(page, "#queue-2", "depth", "2")

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from console_support import settings
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,6 +31,31 @@ from inbox.broker import Publisher, Relay, RetryPolicy, Worker
 from inbox.delivery.headers import CAUSATION_ID, CONVERSATION_ID
 from inbox.operations._dead_letters import dead_letter_queue
 from inbox.schema import outbox_message
+
+
+def text_now(page: Page, css: str = "main") -> str:
+    """The text of ``css`` on the page shown now ("" when it has none, or it is going)."""
+    try:
+        found = page.browser.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text if found else ""
+    except StaleElementReferenceException:  # the next page is replacing this one
+        return ""
+
+
+def shows(page: Page, css: str, wanted: str, *, exactly: bool = True) -> None:
+    """Wait until ``css`` shows ``wanted`` (or holds it): after a click, the page read is
+    the next one, not the one clicked on (which may have the same element)."""
+
+    def there() -> bool:
+        text = text_now(page, css)
+        return text == wanted if exactly else wanted in text
+
+    wait_until(there, f"{css} to show {wanted!r} on {page.browser.current_url}", timeout=15)
+
+
+def titled(page: Page, title: str) -> None:
+    """Wait until the page shown has ``title``."""
+    wait_until(lambda: page.browser.title == title, f"the title {title!r}", timeout=15)
 
 
 def order_app(db: Database, billing: str) -> Inbox:
@@ -93,7 +119,7 @@ def test_a_story_shows_claims_effects_the_message_it_sent_and_links_both_ways(
         page.link("Story")
         page.find("#q").send_keys(order_id)
         page.click("#tell")
-        assert page.browser.title == f"Story of {order_id} · inbox console"
+        titled(page, f"Story of {order_id} · inbox console")
         assert "orders.place" in page.text("#story-claims")
         assert "receipt.send" in page.text("#story-effects")
         assert "done" in page.text("#story-effects")
@@ -102,25 +128,25 @@ def test_a_story_shows_claims_effects_the_message_it_sent_and_links_both_ways(
         page.shot("story")
 
         page.click(f"a.downstream[href*='{invoice_id}']")  # to the invoice's story
-        assert page.text("#story-of") == invoice_id
+        shows(page, "#story-of", invoice_id)
         assert page.text("#cause") == order_id
         assert page.text("#conversation") == order_id
         assert "waits for the relay" in page.text("#own-row")
         page.click("#cause")  # and back to the order's
-        assert page.text("#story-of") == order_id
+        shows(page, "#story-of", order_id)
 
         page.open(f"/story?q={order_id}")
         page.click("a.effect")  # an effect row links to the effect's page
-        assert "receipt.send" in page.text()
-        assert "/effects/" in page.browser.current_url
+        wait_until(lambda: "/effects/" in page.browser.current_url, "the effect's page")
+        shows(page, "main", "receipt.send", exactly=False)
         effect_url = page.browser.current_url
 
         page.open(f"/claims?q={order_id}")  # the claims page's effect rows link there too
         page.click("tr.effect-row a.effect")
-        assert page.browser.current_url == effect_url
+        wait_until(lambda: page.browser.current_url == effect_url, "the same effect's page")
         page.open(f"/claims?q={order_id}")
         page.click("#story-link")
-        assert page.text("#story-of") == order_id
+        shows(page, "#story-of", order_id)
 
         relay = Relay(pg_db.engine, rabbit.url, poll_interval=0.1, listen=False)
         try:

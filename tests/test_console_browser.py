@@ -136,6 +136,8 @@ class Page:
         self.open("/login")
         self.find("#token").send_keys(token)
         self.click("#sign-in")
+        if token == TOKEN:  # the next page opened must not race the sign-in's redirect
+            wait_until(lambda: "/login" not in self.browser.current_url, "signed in", timeout=10)
 
     def find(self, css: str) -> WebElement:
         found: list[WebElement] = []

@@ -55,6 +55,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("inbox.broker.*", "inbox.outbox.relay._relay"): "inbox-worker --relay runs a Relay beside it",
     ("inbox.broker.publisher", "inbox.outbox._arguments"): "Publisher and Outbox refuse the same",
     (
+        "inbox.outbox._outbox",
+        "inbox.core._run",
+    ): "a message sent from a handler names the message it runs on (causation headers)",
+    (
         "inbox.outbox._arguments",
         "inbox.core._bodies",
     ): "typed bodies published as the core parses them",

@@ -24,9 +24,12 @@ from inbox.console import (
     _archive_pages,
     _audit_pages,
     _claim_pages,
+    _edit_pages,
     _effect_pages,
     _group_pages,
     _outbox_pages,
+    _queue_pages,
+    _story_pages,
 )
 from inbox.console import _dead_letter_pages as letters
 from inbox.console._audit import audit
@@ -239,6 +242,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/dead-letters/groups", _group_pages.failure_groups, methods=["GET"]),
             Route("/dead-letters/replay", letters.replay, methods=["POST"]),
             Route("/dead-letters/purge", letters.purge, methods=["POST"]),
+            Route("/dead-letters/edit", _edit_pages.edit_form, methods=["GET"]),
+            Route("/dead-letters/edit", _edit_pages.edit_replay, methods=["POST"]),
             Route("/effects", _effect_pages.effects, methods=["GET"]),
             Route("/effects/{key}", _effect_pages.effect, methods=["GET"]),
             Route("/effects/{key}/done", _effect_pages.effect_done, methods=["POST"]),
@@ -253,6 +258,9 @@ def create_app(settings: ConsoleSettings) -> Starlette:
             Route("/archive", _archive_pages.archived, methods=["GET"]),
             Route("/archive/restore", _archive_pages.archive_restore, methods=["POST"]),
             Route("/archive/delete", _archive_pages.archive_delete, methods=["POST"]),
+            Route("/story", _story_pages.story, methods=["GET"]),
+            Route("/queues", _queue_pages.queues_page, methods=["GET"]),
+            Route("/queues/live", _queue_pages.queues_live, methods=["GET"]),
             Mount("/static", static, name="static"),
         ],
         middleware=[Middleware(SecurityHeaders)],

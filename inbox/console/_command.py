@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 from typing import Final, TextIO
 
 from sqlalchemy import Engine
@@ -20,7 +21,18 @@ from inbox.operations._status import read_status
 from inbox.operations._tables import Tables, tenant_schemas
 from inbox.operations._workers import check_worker_url
 
-__all__ = ["EXTRA_MISSING", "SECRETS_LINE", "SUBCOMMAND", "ConsoleCommand", "add_options", "run"]
+__all__ = [
+    "EXTRA_MISSING",
+    "MANAGEMENT_ENV",
+    "SECRETS_LINE",
+    "SUBCOMMAND",
+    "ConsoleCommand",
+    "add_options",
+    "run",
+]
+
+MANAGEMENT_ENV: Final = "INBOX_RABBITMQ_MANAGEMENT_URL"
+"""Where ``--rabbitmq-management`` is read from when not given (it may hold a password)."""
 
 EXTRA_MISSING: Final = (
     "inbox console needs the console extra: pip install 'sqlalchemy-inbox[console]'"
@@ -98,6 +110,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "shows its /readyz (repeat)",
     )
     parser.add_argument(
+        "--rabbitmq-management",
+        metavar="URL",
+        help="RabbitMQ's management API, http://USER:PASSWORD@HOST:15672 (default "
+        f"${MANAGEMENT_ENV}): the queues page shows unacked messages and the broker's rates",
+    )
+    parser.add_argument(
+        "--app",
+        metavar="MODULE:INBOX",
+        help="the application's Inbox (as inbox-worker takes it): an edited dead letter is "
+        "checked against its handlers' body types and claim keys before its replay",
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
@@ -143,6 +167,11 @@ def run(
     )
     if args.all_tenant_schemas and not schemas:
         raise UsageError(f"--all-schemas: no schema holds a table {tables.claims.name}")
+    application = None
+    if args.app:
+        from inbox.broker.cli import load_inbox  # imports the application: only when asked
+
+        application = load_inbox(args.app)
     settings = ConsoleSettings(
         engine,
         tables,
@@ -154,6 +183,8 @@ def run(
         max_body=args.max_body,
         schemas=schemas,
         workers=tuple(check_worker_url(url) for url in args.workers),
+        application=application,
+        management=_management(args.rabbitmq_management),
     )
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page
@@ -189,6 +220,15 @@ class ConsoleCommand:
 
 SUBCOMMAND: Final = ConsoleCommand()
 """What the ``inbox.subcommands`` entry point named ``console`` loads."""
+
+
+def _management(given: str | None) -> str | None:
+    url = given or os.environ.get(MANAGEMENT_ENV) or None
+    if url is None:
+        return None
+    from inbox.operations._queues import check_management_url  # kombu: only when asked
+
+    return check_management_url(url)
 
 
 def _loopback(host: str) -> bool:

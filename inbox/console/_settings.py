@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from inbox.console._auth import Credentials
 from inbox.errors import ConfigurationError
+from inbox.operations._edit import Application
 from inbox.operations._tables import Tables
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ConsoleSettings"]
@@ -42,6 +43,14 @@ class ConsoleSettings:
     schemas: tuple[str, ...] = ()
     """Tenant schemas (``sessions_for``): each page works on the one chosen on the page, with
     the tables' unqualified names in it. None: the tables as given."""
+    management: str | None = None
+    """RabbitMQ's management API (``http://USER:PASSWORD@HOST:15672``): the queues page
+    shows unacked messages and the broker's rates. None: depth and consumers from AMQP,
+    the out rate from the workers' counters."""
+    application: Application | None = None
+    """The application's ``Inbox`` (or ``AsyncInbox``; ``inbox console --app``): an edited
+    dead letter is checked against its handlers' body types and claim keys before a
+    replay. None: only the JSON is checked."""
 
     allow_hard_purge: bool = False
     """Offer purge, which deletes dead letters for good (with ``allow_actions``); without it

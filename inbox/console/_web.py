@@ -4,6 +4,7 @@ of every response."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any, Final
 from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -87,7 +89,20 @@ _templates = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_templates.filters["when"] = _render.when
+
+
+def _when(value: dt.datetime | None) -> Markup:
+    """A time as the CLI prints it, in a ``<time>`` that never wraps mid-value."""
+    return Markup('<time datetime="{0}">{0}</time>').format(_render.when(value))
+
+
+def _first_upper(text: str) -> str:
+    """``text`` with its first letter upper case (every page's title: "Dead letters")."""
+    return text[:1].upper() + text[1:]
+
+
+_templates.filters["when"] = _when
+_templates.filters["first_upper"] = _first_upper
 
 
 def settings_of(request: Request) -> ConsoleSettings:

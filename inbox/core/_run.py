@@ -8,8 +8,10 @@ of without the handler passing anything, and refuses to work anywhere else.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -21,15 +23,17 @@ __all__ = ["CURRENT_RUN", "HandlerRun", "current_run"]
 @dataclass(slots=True)
 class HandlerRun:
     """One handler call: the inbox running it, its claim key (16 bytes), its name, the
-    connection holding its claim, the id of the message it runs on (for log lines), and the
-    effect steps it is inside right now (made by the first effect: most handler runs make
-    none)."""
+    connection holding its claim, the id and headers of the message it runs on (for log
+    lines, and for the causation and conversation headers of what ``Outbox.publish`` sends
+    from it), and the effect steps it is inside right now (made by the first effect: most
+    handler runs make none)."""
 
     owner: object
     claim_key: bytes
     handler: str
     connection: Connection
     message_id: uuid.UUID
+    message_headers: Mapping[str, Any]
     entered: set[str] | None = None
 
     def inside(self, step: str) -> bool:

@@ -201,7 +201,9 @@ class HandlerTransaction:
         self._ran.append((handler, message))
         assert self._transaction is not None
         guard(self._session, self._transaction, self._connection, guards)
-        run = HandlerRun(self._owner, key, handler.name, self._connection, message.id)
+        run = HandlerRun(
+            self._owner, key, handler.name, self._connection, message.id, message.headers
+        )
         return CURRENT_RUN.set(run)
 
     def handler_finished(self, current: Token[HandlerRun | None]) -> None:

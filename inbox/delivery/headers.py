@@ -15,8 +15,13 @@ from typing import Any, Final
 from inbox._oneline import bounded, describe_error
 
 __all__ = [
+    "CAUSATION_ID",
     "CLAIM_KEYS",
+    "CONVERSATION_ID",
     "DEAD_LETTERED_AT",
+    "EDITED_AT",
+    "EDITED_BEFORE",
+    "EDITED_BY",
     "ERROR",
     "FAILED_HANDLERS",
     "FIRST_FAILURE",
@@ -54,6 +59,21 @@ ORIGINAL_FIRST_FAILURE: Final = "x-inbox-original-first-failure"
 A replay removes the failure headers (the tries start again) but writes this one, the
 earliest time it knows, and nothing removes it: the retention guard dates a dead letter by
 it however often it was replayed (:mod:`inbox.operations._dead_letter_age`)."""
+EDITED_AT: Final = "x-inbox-edited-at"
+"""On a dead letter replayed after a person edited it (the console's edit and replay): UTC
+time of the edit, ISO 8601."""
+EDITED_BY: Final = "x-inbox-edited-by"
+"""On an edited replay: who edited it (the console's user)."""
+EDITED_BEFORE: Final = "x-inbox-edited-before"
+"""On an edited replay: ``sha256:<hex>`` of the body and headers before the edit (the
+whole before and after are in the console's audit line)."""
+CAUSATION_ID: Final = "x-inbox-causation-id"
+"""On a message sent from a handler (``Outbox.publish`` in its transaction): the id of the
+message the handler was running on, the message that caused this one."""
+CONVERSATION_ID: Final = "x-inbox-conversation-id"
+"""On a message sent from a handler: the conversation's correlation id, the same on every
+message of one chain: the incoming message's own ``x-inbox-conversation-id``, or, when it
+has none (it began the conversation), its id."""
 
 _MAX_ERROR_CHARS: Final = 1000
 _MAX_TRIES_HEADER: Final = 2**31 - 1  # a signed 32-bit AMQP field: room to add one

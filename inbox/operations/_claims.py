@@ -79,6 +79,8 @@ class Effect:
     error: str | None
     started_at: dt.datetime
     updated_at: dt.datetime
+    effect_key: uuid.UUID | None = None
+    """The record's own key (its page: the console's ``/effects/KEY``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,13 +270,21 @@ def _find(
 
     status = effect_status(c.status, c.result)
     effect_query = select(
-        c.claim_key, c.handler, c.step, status, c.attempts, c.error, c.started_at, c.updated_at
+        c.claim_key,
+        c.handler,
+        c.step,
+        status,
+        c.attempts,
+        c.error,
+        c.started_at,
+        c.updated_at,
+        c.effect_key,
     ).where(c.claim_key.in_(list(by_key)))
     if handler is not None:
         effect_query = effect_query.where(c.handler == handler)
     rows = connection.execute(effect_query.order_by(c.handler, c.started_at))
     found_effects = tuple(
-        Effect(by_key[key], name, step, status, attempts, error, started, updated)
-        for key, name, step, status, attempts, error, started, updated in rows
+        Effect(by_key[key], name, step, status, attempts, error, started, updated, effect_key)
+        for key, name, step, status, attempts, error, started, updated, effect_key in rows
     )
     return Found(found_claims, found_effects)

@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy import Table
 
+from inbox.core._run import CURRENT_RUN
+from inbox.delivery.headers import CAUSATION_ID, CONVERSATION_ID
 from inbox.errors import InvalidMessage
 from inbox.message import Message, parse_message_id, uuid7
 from inbox.outbox._arguments import InvalidArgumentType, outgoing
@@ -66,8 +68,12 @@ class Outbox:
         ``content_type`` it must be ``bytes`` or ``str``. ``idempotency_key`` becomes the
         ``idempotency-key`` header (a consumer's inbox deduplicates on it). With
         OpenTelemetry, the current trace context is stored in the headers (``traceparent``;
-        one given in ``headers`` wins). ``message_id`` (default: a new UUIDv7) must not be
-        in the outbox already: the flush would fail with an ``IntegrityError``.
+        one given in ``headers`` wins). Called while a handler runs (in its transaction), it
+        adds ``x-inbox-causation-id`` (the id of the message the handler runs on) and
+        ``x-inbox-conversation-id`` (that message's own, else its id): see
+        :data:`inbox.delivery.headers.CAUSATION_ID`; one given in ``headers`` wins.
+        ``message_id`` (default: a new UUIDv7) must not be in the outbox already: the flush
+        would fail with an ``IntegrityError``.
 
         Raises :class:`~inbox.InvalidMessage` for an argument that cannot be sent (an empty
         type, an id that is no UUID, a body that does not encode, a header AMQP cannot
@@ -93,6 +99,21 @@ class Outbox:
             message_id=message_id,
             content_type=content_type,
         )
+        run = CURRENT_RUN.get()
+        if run is not None:  # sent from a handler: which message caused it, in which chain
+            # Operators and attribute reads rather than calls: this is every handler's publish.
+            cause = str(run.message_id)
+            given = run.message_headers
+            conversation = None
+            if CONVERSATION_ID in given:
+                conversation = given[CONVERSATION_ID]
+            if conversation.__class__ is not str or not conversation:
+                conversation = cause  # it began the conversation (or sent no usable one)
+            headers = message.headers
+            if CAUSATION_ID not in headers:  # one given in ``headers`` wins
+                headers[CAUSATION_ID] = cause
+            if CONVERSATION_ID not in headers:
+                headers[CONVERSATION_ID] = conversation[:255]
         # The publishing transaction's trace continues in the consumer (a traceparent
         # given in ``headers`` wins); nothing without OpenTelemetry.
         inject_context(message.headers)

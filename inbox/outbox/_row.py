@@ -128,7 +128,11 @@ def encoded_headers(checked: Mapping[str, Any]) -> str:
     """:func:`headers_to_json` for headers that
     :func:`inbox.outbox._amqp_limits.check_headers` passed."""
     return json.dumps(
-        {name: _encode(value) for name, value in checked.items()},
+        # A plain str is written as it is: no call for the commonest header.
+        {
+            name: value if value.__class__ is str else _encode(value)
+            for name, value in checked.items()
+        },
         ensure_ascii=True,
         allow_nan=False,
         separators=(",", ":"),

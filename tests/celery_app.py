@@ -127,3 +127,22 @@ def strict(session: Session, order: dict[str, str]) -> None:
 def tick(session: Session, slot: str) -> None:
     """A periodic task: one row per run, naming the slot beat sent it for."""
     write(session, slot, "ct.tick")
+
+
+@tasks.task(name="ct.pay")
+def pay(session: Session, ref: str) -> None:
+    """Calls the provider once (at-most-once): its pool child dies inside the call while
+    ``<markers>/callkill-<ref>`` exists (once: removed first), then writes its row."""
+
+    def call(key: uuid.UUID) -> str:
+        with (MARKERS / f"paid-{ref}").open("a") as provider:
+            provider.write(f"{key}\n")
+        try:
+            (MARKERS / f"callkill-{ref}").unlink()
+        except FileNotFoundError:
+            return str(key)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return str(key)  # not reached
+
+    tasks.inbox.effect("provider.pay", call, mode="at-most-once")
+    write(session, ref, "ct.pay")

@@ -106,7 +106,8 @@ class InboxTask(Task):
         name: str = self.name
         message = Message(task_message_id(self.request.id), name, TaskCall(self, args, kwargs))
         registered = binding.handler(name)
-        failure: BaseException
+        failure: BaseException  # what Celery sees: the task's own exception
+        decided: BaseException  # what the shell decides on: HandlerFailed keeps the reason
         try:
             _check_arguments(binding.arguments, name, message.id, args, kwargs)
             message.body.claim_key = registered.claim_key(message)
@@ -117,8 +118,9 @@ class InboxTask(Task):
                 if isinstance(failure, Retry):
                     _record_retry(self)
                 raise failure from None
+            decided = exc
         except (InvalidKey, InvalidBody) as exc:
-            failure = exc
+            failure = decided = exc
         else:
             if result.outcomes.get(name) is Outcome.DUPLICATE:
                 with binding.sessions() as session:
@@ -126,7 +128,9 @@ class InboxTask(Task):
             return message.body.returned
         # Failed for good (Celery's retries are over, or there are none for this error):
         # a dead letter on <queue>.dlq, then Celery sees the task's own exception.
-        settle_failure(self, message, failure)
+        # HandlerFailed, not the task's exception, so an UncertainEffect or an ended
+        # transaction is dead-lettered with its own reason, not as handler-failed.
+        settle_failure(self, message, decided)
         raise failure
 
 

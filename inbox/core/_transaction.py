@@ -173,7 +173,7 @@ class HandlerTransaction:
         assert transaction is not None
         self._ran.append((handler, message))
         guard(session, transaction, connection, guards)
-        run = HandlerRun(self._owner, key, handler.name, connection, message.id)
+        run = HandlerRun(self._owner, key, handler.name, connection, message.id, message.headers)
         current = CURRENT_RUN.set(run)
         try:
             returned = handler.func(message, session)

@@ -211,6 +211,8 @@ BRIDGES = (
     "operations/_dead_letters.py",
     "operations/_dead_letter_age.py",
     "operations/_replay.py",
+    "operations/_queues.py",  # a queue's depth and consumers beside the workers' counts
+    "operations/_story.py",  # a message's dead letters beside its claims and outbox rows
     "testing/harness.py",
 )
 # The broker edge: the kombu worker and the py-amqp frame and confirm plumbing under it.

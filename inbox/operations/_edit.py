@@ -18,8 +18,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-import amqp
-
 from inbox.delivery import headers as h
 from inbox.errors import ConfigurationError, InboxError
 from inbox.message import IDEMPOTENCY_KEY_HEADER, Message
@@ -90,7 +88,7 @@ class EditedLetter:
     shown_headers: str
 
 
-def original(message: amqp.Message) -> Original:
+def original(message: Any) -> Original:
     """The dead letter ``message`` as an edit starts from it; ConfigurationError when it
     cannot be edited (not JSON, compressed, no message id)."""
     properties = message.properties
@@ -185,7 +183,7 @@ def check_handlers(
 
 
 def replay_edited(
-    channel: amqp.Channel,
+    channel: Any,  # an amqp.Channel (operations import no amqp: test_broker_units)
     queue: str,
     message_id: str,
     before: str,

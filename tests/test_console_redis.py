@@ -58,6 +58,7 @@ def test_the_console_lists_shows_replays_and_purges_celery_dead_letters_on_redis
             area.url,
             (queue,),
             allow_actions=True,
+            allow_hard_purge=True,
         )
         client = TestClient(create_app(console), base_url="http://127.0.0.1:8765")
         assert client.post("/login", data={"token": TOKEN}).status_code == 200

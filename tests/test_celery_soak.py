@@ -23,7 +23,7 @@ def test_a_short_soak_doubles_and_loses_nothing_on_both_transports(tmp_path: Pat
         [
             sys.executable,
             str(SOAK),
-            *("--tasks", "300", "--kill-every", "0.5", "--self-kill-one-in", "50"),
+            *("--tasks", "900", "--kill-every", "0.5", "--self-kill-one-in", "50"),
             *("--duplicate-one-in", "10", "--settle", "45", "--json", str(report)),
             *("--database", POSTGRES_URL, "--rabbitmq", AMQP_URL),
             *("--redis", REDIS_URL.rsplit("/", 1)[0] + "/6"),

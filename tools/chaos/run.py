@@ -423,6 +423,13 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
         }
         restarted = False
         next_fault = time.monotonic() + settings.fault_interval
+        kinds = ["kill_worker", "close_amqp_connections", "terminate_db_sessions"]
+        if settings.outbox:
+            kinds.append("kill_relay")
+        # Besides the clock, a fault fires at fixed shares of the committed operations, one
+        # per kind: a run that a fast path finishes in a few seconds still meets every kind
+        # while operations are in flight (the clock alone once gave a short run two faults).
+        milestones = [settings.ops * (n + 1) // (len(kinds) + 2) for n in range(len(kinds))]
         while True:
             workers.respawn_dead()
             for pool in stage:
@@ -452,13 +459,11 @@ def chaos(settings: Settings) -> dict[str, Any]:  # noqa: PLR0912, PLR0915 (one 
                 accounted = not uncertain or len(counts) + dead_letters >= settings.ops
                 if quiet and dead_letters >= len(poison) and accounted:
                     break
-            if now >= next_fault and not settled:
-                kinds = ["kill_worker", "close_amqp_connections", "terminate_db_sessions"]
-                if settings.outbox:  # in turn: a short run still meets every kind
-                    kinds.append("kill_relay")
-                    kind = kinds[sum(run.faults[k] for k in kinds) % len(kinds)]
-                else:
-                    kind = rng.choice(kinds)
+            reached = bool(milestones) and len(counts) >= milestones[0]
+            if (now >= next_fault or reached) and not settled:
+                if reached:
+                    milestones.pop(0)
+                kind = kinds[sum(run.faults[k] for k in kinds) % len(kinds)]  # in turn
                 if kind == "kill_worker":
                     workers.kill_one(rng)
                 elif kind == "kill_relay":

@@ -413,33 +413,32 @@ def test_has_events_is_set_by_every_connection_event_listener_the_claim_must_see
     # listeners only when SQLAlchemy's own _has_events flag says there is a listener at all
     # (inbox/_backends/postgresql/_psycopg.py, _statement_listeners). Were the flag renamed
     # or no longer set, a tracing listener would miss the claim: this fails first.
-    from sqlalchemy import create_engine, event
+    # Each check runs in a process of its own: a listener on the Engine class sets the
+    # class's flag for the rest of a process (event.remove does not clear it), and other
+    # tests in this process (test_demo's spy, effect_app) listen on the Engine class.
+    one_engine = """
+from sqlalchemy import create_engine, event
+from inbox._backends.postgresql._psycopg import _statement_listeners
 
-    from inbox._backends.postgresql._psycopg import _statement_listeners
+def listener(*args):
+    return None
 
-    def listener(*args: object) -> None:
-        return None
-
-    quiet, traced = create_engine("sqlite://"), create_engine("sqlite://")
-    event.listen(traced, "before_cursor_execute", listener)
-    optioned = quiet.execution_options(inbox_share_round_trips=True)
-    try:
-        with quiet.connect() as connection:
-            assert not connection._has_events
-            assert not connection.engine._has_events
-            assert not _statement_listeners(connection)
-        with traced.connect() as connection:
-            assert connection.engine._has_events
-            assert _statement_listeners(connection)
-        event.listen(optioned, "after_cursor_execute", listener)
-        with optioned.connect() as connection:
-            assert connection.engine._has_events
-            assert _statement_listeners(connection)
-    finally:
-        quiet.dispose()
-        traced.dispose()
-    # A listener on the Engine class (every engine) sets the class's flag: in a process of
-    # its own, since the flag stays set for the rest of a process.
+quiet, traced = create_engine("sqlite://"), create_engine("sqlite://")
+event.listen(traced, "before_cursor_execute", listener)
+optioned = quiet.execution_options(inbox_share_round_trips=True)
+with quiet.connect() as connection:
+    assert not connection._has_events
+    assert not connection.engine._has_events
+    assert not _statement_listeners(connection)
+with traced.connect() as connection:
+    assert connection.engine._has_events
+    assert _statement_listeners(connection)
+event.listen(optioned, "after_cursor_execute", listener)
+with optioned.connect() as connection:
+    assert connection.engine._has_events
+    assert _statement_listeners(connection)
+"""
+    # A listener on the Engine class (every engine) sets the class's flag.
     every_engine = """
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -449,10 +448,11 @@ event.listen(Engine, "before_cursor_execute", lambda *args: None)
 with engine.connect() as connection:
     assert _statement_listeners(connection)
 """
-    done = subprocess.run(
-        [sys.executable, "-c", every_engine], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
+    for script in (one_engine, every_engine):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
 
 
 # --- OpenTelemetry: the meter API's proxy, told by class name -----------------------------

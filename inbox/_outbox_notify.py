@@ -52,6 +52,8 @@ def _on_search_path(
     return family_of(dialect).notifies and not named
 
 
+# Two pairs that differ only in the schema prefix, written out: tests/test_hostile_sql.py
+# holds every DDL() to a literal string, so no prefix is formatted in.
 NOTIFY_DDL: Final = (
     DDL(  # type: ignore[no-untyped-call]
         "CREATE OR REPLACE FUNCTION %(schema)s.inbox_outbox_notify() "

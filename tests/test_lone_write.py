@@ -157,3 +157,32 @@ def test_an_effect_records_its_start_and_end_in_two_round_trips_on_psycopg(
     # The claim's transaction (BEGIN+claim, the COMMIT), then the started and done records,
     # one round trip each (the ledger's pool is warm after the first messages).
     assert with_them == 4, with_them
+
+
+def test_a_lost_connection_is_invalidated_and_raised_as_a_transient_error(
+    pg_db: Database,
+) -> None:
+    # A pooled connection the server dropped while idle (a restart, a failover, an idle
+    # timeout): the lone write is the first to touch it. It must raise what SQLAlchemy
+    # raises for a lost connection (invalidated, transient), which the ledger's callers
+    # retry on a new connection; a raw driver error would leave an effect's record
+    # "started" after the call was made.
+    from inbox.core._retry import is_transient
+
+    engine = create_engine(pg_db.url)
+    row = started(uuid.uuid4(), dt.datetime.now(dt.UTC))
+    try:
+        with engine.connect() as connection:
+            statement = insert_statement(connection)
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            connection.rollback()
+            with pg_db.engine.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            with pytest.raises(DBAPIError) as raised:
+                write_alone(connection, statement, row)  # type: ignore[arg-type]
+            assert raised.value.connection_invalidated
+            assert is_transient(raised.value)
+            assert connection.invalidated
+            assert write_alone(connection, statement, row) == 1  # type: ignore[arg-type]
+    finally:
+        engine.dispose()

@@ -12,8 +12,9 @@ Anything this path does not know goes the ordinary way (``None``): a connection 
 transaction or not idle, statement listeners that should see the statement, the engine
 option ``inbox_share_round_trips=False``, a value of a type not encoded here. An error
 answer also goes the ordinary way again, which then raises what SQLAlchemy raises (the
-statement failed: nothing was committed); so does a lost connection, which SQLAlchemy then
-invalidates.
+statement failed: nothing was committed). A lost connection is invalidated here and raised
+as SQLAlchemy raises it (``OperationalError``, ``connection_invalidated``), so the ledger's
+callers retry it as they retry any lost connection.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 from sqlalchemy import Connection, Dialect
 from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql import ClauseElement
 
 from inbox._backends._claims import translation_key
@@ -82,16 +84,26 @@ def write_alone(
         return None
     try:
         return drive(lone_write(pgconn, sql, values), pgconn.socket)
-    except PipelineFailed:
-        return None  # the statement failed, nothing was committed: SQLAlchemy says why
-    except Exception:
+    except PipelineFailed as failed:
+        if pgconn.status == _CONNECTION_OK:
+            return None  # the statement failed, nothing was committed: SQLAlchemy says why
+        raise _lost(connection, sql, failed) from failed  # a FATAL answer: the server hung up
+    except Exception as error:
         if pgconn.status == _CONNECTION_OK:
             connection.invalidate()  # cut short: an answer may be left unread
             raise
-        return None  # lost: the ordinary way raises SQLAlchemy's error and invalidates
+        raise _lost(connection, sql, error) from error
     except BaseException:
         connection.invalidate()
         raise
+
+
+def _lost(connection: Connection, sql: bytes, error: Exception) -> OperationalError:
+    """The error SQLAlchemy gives for a connection lost under a statement (invalidated,
+    which :func:`inbox.is_transient` counts as transient), the connection invalidated as
+    SQLAlchemy would: the ordinary way would now only fail on the dead connection."""
+    connection.invalidate(error)
+    return OperationalError(sql.decode(), None, error, connection_invalidated=True)
 
 
 def _render(statement: ClauseElement, keys: tuple[str, ...], translate: Any) -> _Rendered:

@@ -11,6 +11,8 @@ tests/test_console_browser.py, imported by name (hence the F811)."""
 
 from __future__ import annotations
 
+import uuid
+
 from console_support import TOKEN, dead_letter, declare_queues, settings, tables
 from selenium.webdriver.common.by import By
 from sqlalchemy import select
@@ -53,6 +55,8 @@ def test_a_dead_letter_is_archived_listed_and_restored_to_its_queue(
     assert "token" in row.text  # who archived it
     assert "card declined" in row.text
     page.shot("archive")
+    assert page.browser.find_elements(By.CSS_SELECTOR, "#restore-selected")
+    assert not page.browser.find_elements(By.CSS_SELECTOR, "#delete-selected")  # a purge
 
     page.click("input.pick[value]")
     page.click("#restore-selected")
@@ -78,6 +82,16 @@ def test_a_dead_letter_is_archived_listed_and_restored_to_its_queue(
     assert refused.status_code == 403
     assert "archive instead" in refused.text
     assert rabbit.depth(dead_letter_queue(queue)) == 1
+    # Archive then delete is a purge: deleting archived letters is gated the same way.
+    gone = client.post("/archive/delete", data={"csrf": csrf, "id": str(uuid.uuid4())})
+    assert gone.status_code == 403
+    assert "--allow-hard-purge" in gone.text
+    hard = TestClient(create_app(settings(pg_db, rabbit, (queue,), allow_hard_purge=True)))
+    signed = hard.post("/login", data={"token": TOKEN})
+    csrf = signed.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    asked = hard.post("/archive/delete", data={"csrf": csrf, "id": str(uuid.uuid4())})
+    assert asked.status_code == 200
+    assert "delete 0 archived dead letters?" in asked.text
 
 
 def test_tables_carry_the_default_archive(pg_db: Database) -> None:

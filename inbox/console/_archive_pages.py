@@ -85,22 +85,29 @@ async def _change(request: Request, user: User, form: FormData, command: str) ->
             back="/archive",
             csrf=user.csrf,
         )
-    if command == "restore":
-        broker = broker_of(request)
-
-        def restore() -> int:
-            with sources.open_dead_letters(broker) as source:
-                return len(_archive.restore(source, settings.engine, tables.archive, ids))
-
-        count = await run_in_threadpool(restore)
-        line = f"restored {count} of {len(ids)} archived dead letters to their queues"
-    else:
-        count = await run_in_threadpool(
-            _archive.delete_archived, settings.engine, tables.archive, ids
-        )
-        line = f"deleted {count} of {len(ids)} archived dead letters for good"
     details: dict[str, object] = {**audit_tenant(tables), "ids": ",".join(map(str, ids))}
-    audit(user.who, f"archive.{command}", count, details)
+    try:
+        if command == "restore":
+            broker = broker_of(request)
+
+            def restore() -> int:
+                with sources.open_dead_letters(broker) as source:
+                    return len(_archive.restore(source, settings.engine, tables.archive, ids))
+
+            count = await run_in_threadpool(restore)
+            line = f"restored {count} of {len(ids)} archived dead letters to their queues"
+        else:
+            count = await run_in_threadpool(
+                _archive.delete_archived, settings.engine, tables.archive, ids
+            )
+            line = f"deleted {count} of {len(ids)} archived dead letters for good"
+    except Exception as error:
+        # Some may have been restored or deleted before the error: the attempt is audited
+        # too, with what went wrong, so no change leaves the audit without a line.
+        failed = {**details, "outcome": "failed", "error": f"{type(error).__name__}: {error}"}
+        audit(user.who, f"archive.{command}", 0, failed)
+        raise
+    audit(user.who, f"archive.{command}", count, {**details, "outcome": "done"})
     return render_page(
         request, "done.html", user, title=f"archive: {command}", line=line, back="/archive"
     )
@@ -114,5 +121,13 @@ async def archive_restore(request: Request, user: User, form: FormData) -> Respo
 
 @action
 async def archive_delete(request: Request, user: User, form: FormData) -> Response:
-    """Confirm, then delete the chosen archived dead letters for good."""
+    """Confirm, then delete the chosen archived dead letters for good: only on a console
+    started with ``--allow-hard-purge``, as a purge (archive then delete is a purge)."""
+    if not settings_of(request).allow_hard_purge:
+        audit(user.who, "refused", 0, {"path": request.url.path, "why": "no hard purge"})
+        raise HttpProblem(
+            403,
+            "deleting archived dead letters is for good: keep them (inbox-cleanup "
+            "--archive-days expires them), or start with --allow-hard-purge",
+        )
     return await _change(request, user, form, "delete")

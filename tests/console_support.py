@@ -79,9 +79,10 @@ def dead_letter(
     ref: str = "r1",
     error: str = "ValueError: poison r1",
     dead_lettered_at: dt.datetime | None = None,
+    more_headers: dict[str, Any] | None = None,
 ) -> str:
-    """Put one dead letter in ``queue``'s .dlq with the headers the worker writes; return
-    its message id."""
+    """Put one dead letter in ``queue``'s .dlq with the headers the worker writes (and
+    ``more_headers``, the application's); return its message id."""
     message_id = message_id or str(uuid.uuid4())
     now = dead_lettered_at or dt.datetime.now(dt.UTC)
     headers: dict[str, Any] = {
@@ -93,6 +94,7 @@ def dead_letter(
         h.FIRST_FAILURE: (now - dt.timedelta(seconds=30)).isoformat(),
         h.LAST_FAILURE: (now - dt.timedelta(seconds=5)).isoformat(),
         h.DEAD_LETTERED_AT: now.isoformat(),
+        **(more_headers or {}),
     }
     properties = {
         "message_id": message_id,

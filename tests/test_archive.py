@@ -10,6 +10,7 @@ import getpass
 import io
 import json
 import uuid
+from decimal import Decimal
 
 from console_support import dead_letter, declare_queues
 from sqlalchemy import select, update
@@ -130,3 +131,34 @@ def test_inbox_dlq_archive_moves_the_matching_dead_letters_into_the_archive(
     assert (row.ref, row.queue, row.source) == (taken, queue, "amqp")
     assert row.archived_by == getpass.getuser()
     assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [left]
+
+
+def test_a_restored_rabbitmq_letter_carries_its_headers_as_they_were(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    # A handler's key may be computed from a header: bytes, a time, a decimal or a table
+    # must come back from the archive with their types and values, not as their text.
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    at = dt.datetime(2026, 12, 5, 9, 30, tzinfo=dt.UTC)
+    kept = {
+        "x-raw": b"\xff\x00key",
+        "x-at": at,
+        "x-amount": Decimal("12.50"),
+        "x-table": {"tenant": "t1", "n": 7},
+        "x-list": [1, "two"],
+    }
+    message_id = dead_letter(rabbit, queue, more_headers=kept)
+    with open_dead_letters(rabbit.url) as source:
+        moved = _archive.archive(
+            source, pg_db.engine, archive_table, queue, filters=Filters(), who="ann"
+        )
+        assert moved.moved == 1
+        (row,) = _archive.listed(pg_db.engine, archive_table)
+        _archive.restore(source, pg_db.engine, archive_table, [row.id])
+    (restored,) = rabbit.take_all(queue)
+    assert restored.properties["message_id"] == message_id
+    read_back = {**kept, "x-at": at.replace(tzinfo=None)}  # AMQP's timestamps read naive
+    for name, value in read_back.items():
+        assert restored.headers[name] == value, name
+        assert type(restored.headers[name]) is type(value), name

@@ -21,11 +21,12 @@ from typing import Any, Final
 
 from sqlalchemy import ColumnElement, Engine, Table, delete, func, select
 
-from inbox.errors import ConfigurationError
+from inbox.errors import ConfigurationError, InvalidMessage
 from inbox.message import uuid7
 from inbox.operations import _replay
 from inbox.operations._dead_letter_sources import DeadLetters
 from inbox.operations._filters import Filters
+from inbox.outbox._row import encoded_headers, headers_from_json
 
 __all__ = [
     "LISTED",
@@ -107,14 +108,14 @@ def archive(
 
 
 def _json(value: Mapping[str, Any]) -> str:
-    """Headers or properties as JSON; what JSON has no type for (a time, bytes) as text."""
-
-    def plain(item: object) -> object:
-        if isinstance(item, bytes):
-            return item.decode("utf-8", "replace")
-        return str(item)
-
-    return json.dumps(dict(value), default=plain, sort_keys=True)
+    """Headers or properties as JSON, every value AMQP carries (bytes, a time, a decimal,
+    a table) tagged as the outbox stores headers, so a restore sends them back as they were
+    (a key a handler computes from a header must not change); a value of a type no AMQP
+    table carries is stored as its text."""
+    try:
+        return encoded_headers(value)
+    except InvalidMessage:
+        return json.dumps(dict(value), default=str, sort_keys=True)
 
 
 def listed(
@@ -172,7 +173,8 @@ def restore(
             raise ConfigurationError(
                 f"archived letter {archived_id} came from {row.source}: restore it on that broker"
             )
-        source.restore(row.queue, json.loads(row.headers), json.loads(row.properties), row.body)
+        headers, properties = headers_from_json(row.headers), headers_from_json(row.properties)
+        source.restore(row.queue, headers, properties, row.body)
         with engine.begin() as connection:
             connection.execute(delete(table).where(c.id == archived_id))
         done.append(shown)

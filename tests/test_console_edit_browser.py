@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from console_support import settings
 from selenium.webdriver.remote.webelement import WebElement
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import Database
 from support.effects import record_effect
@@ -34,6 +35,7 @@ from inbox.broker import Publisher, RetryPolicy, Worker
 from inbox.console._audit import AUDIT_LOGGER
 from inbox.delivery import headers as h
 from inbox.operations._dead_letters import dead_letter_queue
+from inbox.schema import inbox_dead_letter_archive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +153,16 @@ def test_an_edited_dead_letter_is_replayed_and_only_the_failed_handler_runs(
         assert audited["id"] == message_id
         assert '"amount": -5' in audited["before"]
         assert '"amount": 5' in audited["after"]
+        # The original, as it was before the edit, is kept in the archive.
+        with pg_db.engine.connect() as connection:
+            kept = connection.execute(
+                select(inbox_dead_letter_archive).where(
+                    inbox_dead_letter_archive.c.ref == message_id
+                )
+            ).one()
+        assert json.loads(kept.body) == {"ref": "p-1", "amount": -5}
+        assert kept.archived_by == "token"
+        assert audited["original_archived_as"] == str(kept.id)
     finally:
         worker.stop()
         thread.join(timeout=30)
@@ -171,6 +183,26 @@ def test_a_read_only_console_offers_no_edit_and_refuses_one(
     assert not page.browser.find_elements("css selector", "#edit-one")
     page.open(f"/dead-letters/edit?queue={queue}&id={message_id}")
     assert "read-only console" in page.text("#problem")
+    assert rabbit.depth(dead_letter_queue(queue)) == 1
+
+
+def test_a_console_without_app_offers_no_edit_and_refuses_one(
+    page: Page, console: Console, pg_db: Database, rabbit: Rabbit
+) -> None:
+    # Without the handlers no claim key can be checked: an edit of a field a key is
+    # computed from would make handlers that committed the message run it again.
+    from console_support import dead_letter, declare_queues
+
+    queue = rabbit.queue("noapp")
+    declare_queues(rabbit, queue)
+    message_id = dead_letter(rabbit, queue)
+    console.serve(settings(pg_db, rabbit, (queue,)))
+    page.sign_in()
+    page.open(f"/dead-letters/message?queue={queue}&id={message_id}")
+    page.find("#archive-one")  # an action console
+    assert not page.browser.find_elements("css selector", "#edit-one")
+    page.open(f"/dead-letters/edit?queue={queue}&id={message_id}")
+    assert "start the console with --app" in page.text("#problem")
     assert rabbit.depth(dead_letter_queue(queue)) == 1
 
 
@@ -212,7 +244,8 @@ def test_a_hostile_body_is_text_in_the_edit_form(
     declare_queues(rabbit, queue)
     hostile = "</textarea><script>document.title='owned'</script><b id=owned>x</b>"
     message_id = dead_letter(rabbit, queue, json.dumps({"note": hostile}).encode())
-    console.serve(settings(pg_db, rabbit, (queue,)))
+    app = payments_app(pg_db, [])
+    console.serve(dataclasses.replace(settings(pg_db, rabbit, (queue,)), application=app))
     page.sign_in()
     page.open(f"/dead-letters/edit?queue={queue}&id={message_id}")
     assert json.loads(page.find("#edit-body").get_attribute("value") or "") == {"note": hostile}

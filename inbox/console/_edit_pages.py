@@ -23,10 +23,12 @@ from inbox.console._web import (
     page,
     render_page,
     settings_of,
+    tables_of,
 )
 from inbox.errors import ConfigurationError
+from inbox.operations import _archive, _edit
 from inbox.operations import _dead_letters as _dlq
-from inbox.operations import _edit
+from inbox.operations._dead_letter_sources import is_redis
 
 __all__ = ["edit_form", "edit_replay"]
 
@@ -41,6 +43,18 @@ def _where(request: Request, queue: str | None) -> tuple[str, str]:
         raise HttpProblem(404, "no queues: start the console with --queue QUEUE (and a broker)")
     if queue not in settings.queues:
         raise HttpProblem(404, "not one of this console's queues (its --queue options)")
+    if is_redis(settings.broker):
+        raise HttpProblem(
+            404, "edit and replay is for RabbitMQ's dead letters: on Redis, replay or archive"
+        )
+    if settings.application is None:
+        # Without the handlers an edit of a field a key is computed from would give the
+        # message a new key: handlers that committed it would run it again.
+        raise HttpProblem(
+            403,
+            "editing needs the application's handlers, to check that no claim key changes: "
+            "start the console with --app MODULE:INBOX",
+        )
     return settings.broker, queue
 
 
@@ -152,9 +166,28 @@ async def edit_replay(request: Request, user: User, form: FormData) -> Response:
             csrf=user.csrf,
         )
 
+    settings, tables = settings_of(request), tables_of(request, form)
+    kept: list[str] = []
+
+    def keep(record: Any, headers: Any, properties: Any, body: bytes) -> None:
+        archived = _archive.keep_letter(
+            settings.engine,
+            tables.archive,
+            record,
+            queue=queue,
+            kind="amqp",
+            headers=headers,
+            properties=properties,
+            body=body,
+            who=user.who,
+        )
+        kept.append(str(archived))
+
     def replay() -> bool:
         with _dlq.open_channel(broker) as channel:
-            return _edit.replay_edited(channel, queue, message_id, before, edited, who=user.who)
+            return _edit.replay_edited(
+                channel, queue, message_id, before, edited, who=user.who, keep=keep
+            )
 
     if not await run_in_threadpool(replay):
         raise HttpProblem(409, "the dead letter is gone or changed: nothing was replayed")
@@ -164,6 +197,7 @@ async def edit_replay(request: Request, user: User, form: FormData) -> Response:
         "before": f"{shown_before} {shown_headers_before}",
         "after": f"{edited.shown_body} {edited.shown_headers}",
         "fingerprint_before": before,
+        "original_archived_as": kept[0] if kept else "-",
     }
     audit(user.who, "dlq.edit-replay", 1, audited)
     return render_page(

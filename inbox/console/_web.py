@@ -23,6 +23,7 @@ from inbox.console._audit import audit
 from inbox.console._auth import SESSION_COOKIE, Sessions, claimed_user
 from inbox.console._settings import ConsoleSettings
 from inbox.operations import _render
+from inbox.operations._dead_letter_sources import is_redis
 from inbox.operations._tables import Tables
 
 __all__ = [
@@ -154,6 +155,11 @@ def render_page(
         user=user,
         allow_actions=settings.allow_actions,
         allow_hard_purge=settings.allow_hard_purge,
+        # Edit and replay: the handlers to check keys with, on RabbitMQ (_edit_pages).
+        can_edit=settings.allow_actions
+        and settings.application is not None
+        and settings.broker is not None
+        and not is_redis(settings.broker),
         queues=settings.queues,
         schemas=settings.schemas,
         schema=_schema_shown(request),

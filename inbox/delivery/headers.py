@@ -65,8 +65,9 @@ time of the edit, ISO 8601."""
 EDITED_BY: Final = "x-inbox-edited-by"
 """On an edited replay: who edited it (the console's user)."""
 EDITED_BEFORE: Final = "x-inbox-edited-before"
-"""On an edited replay: ``sha256:<hex>`` of the body and headers before the edit (the
-whole before and after are in the console's audit line)."""
+"""On an edited replay: ``sha256:<hex>`` of the body and headers before the edit. The
+original itself is kept in the dead-letter archive (its id in the console's audit line,
+which also shows the before and after, each cut to 200 characters)."""
 CAUSATION_ID: Final = "x-inbox-causation-id"
 """On a message sent from a handler (``Outbox.publish`` in its transaction): the id of the
 message the handler was running on, the message that caused this one."""

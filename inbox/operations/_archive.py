@@ -25,6 +25,7 @@ from inbox.errors import ConfigurationError, InvalidMessage
 from inbox.message import uuid7
 from inbox.operations import _replay
 from inbox.operations._dead_letter_sources import DeadLetters
+from inbox.operations._dead_letters import DeadLetterRecord
 from inbox.operations._filters import Filters
 from inbox.outbox._row import encoded_headers, headers_from_json
 
@@ -34,6 +35,7 @@ __all__ = [
     "archive",
     "count_archived",
     "delete_archived",
+    "keep_letter",
     "listed",
     "restore",
 ]
@@ -77,23 +79,17 @@ def archive(
 
     def keep(held: _replay.HeldLetter) -> None:
         headers, properties, body = held.contents()
-        letter = held.letter
-        row = {
-            "id": uuid7(),
-            "queue": queue,
-            "ref": letter.ref[:255],
-            "source": source.kind,
-            "reason": (letter.reason or "")[:64] or None,
-            "error": letter.error,
-            "headers": _json(headers),
-            "properties": _json(properties),
-            "body": body,
-            "dead_lettered_at": letter.dead_lettered(),
-            "archived_at": dt.datetime.now(dt.UTC),
-            "archived_by": who[:255],
-        }
-        with engine.begin() as connection:
-            connection.execute(table.insert().values(row))
+        keep_letter(
+            engine,
+            table,
+            held.letter,
+            queue=queue,
+            kind=source.kind,
+            headers=headers,
+            properties=properties,
+            body=body,
+            who=who,
+        )
 
     return _replay.purge(
         source,
@@ -105,6 +101,40 @@ def archive(
         preview=preview,
         keep=keep,
     )
+
+
+def keep_letter(
+    engine: Engine,
+    table: Table,
+    letter: DeadLetterRecord,
+    *,
+    queue: str,
+    kind: str,
+    headers: Mapping[str, Any],
+    properties: Mapping[str, Any],
+    body: bytes,
+    who: str,
+) -> uuid.UUID:
+    """Commit one dead letter of ``queue`` (on a ``kind`` broker) as a row of the archive
+    ``table``, archived by ``who``; its id."""
+    archived_id = uuid7()
+    row = {
+        "id": archived_id,
+        "queue": queue,
+        "ref": letter.ref[:255],
+        "source": kind,
+        "reason": (letter.reason or "")[:64] or None,
+        "error": letter.error,
+        "headers": _json(headers),
+        "properties": _json(properties),
+        "body": body,
+        "dead_lettered_at": letter.dead_lettered(),
+        "archived_at": dt.datetime.now(dt.UTC),
+        "archived_by": who[:255],
+    }
+    with engine.begin() as connection:
+        connection.execute(table.insert().values(row))
+    return archived_id
 
 
 def _json(value: Mapping[str, Any]) -> str:

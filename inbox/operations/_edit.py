@@ -14,9 +14,9 @@ edited field would claim anew and run again, even where it committed)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeAlias
 
 from inbox.delivery import headers as h
 from inbox.errors import ConfigurationError, InboxError
@@ -34,6 +34,7 @@ __all__ = [
     "Application",
     "EditedLetter",
     "Handler",
+    "KeepOriginal",
     "Original",
     "check_handlers",
     "editable_headers",
@@ -182,6 +183,13 @@ def check_handlers(
     return problems, checks
 
 
+KeepOriginal: TypeAlias = Callable[
+    [DeadLetterRecord, dict[str, Any], dict[str, Any], bytes], object
+]
+"""Given a dead letter before its edited copy replaces it: its record, headers,
+properties and body."""
+
+
 def replay_edited(
     channel: Any,  # an amqp.Channel (operations import no amqp: test_broker_units)
     queue: str,
@@ -190,10 +198,14 @@ def replay_edited(
     edited: EditedLetter,
     *,
     who: str,
+    keep: KeepOriginal | None = None,
 ) -> bool:
     """Put the edited copy of the dead letter ``message_id`` back on ``queue`` (confirmed),
     then take the letter from the dead-letter queue; False when the letter is not there or
-    is no longer the one edited (its fingerprint is not ``before``): nothing is sent."""
+    is no longer the one edited (its fingerprint is not ``before``): nothing is sent.
+    ``keep`` is given the original first (its record, headers, properties and body), so
+    what the edit replaced is kept (the console archives it); if it raises, nothing is
+    sent and the letter stays."""
     message = find(channel, queue, message_id)
     if message is None:
         return False
@@ -201,6 +213,8 @@ def replay_edited(
     if fingerprint(message.body, headers) != before:
         return False
     record = DeadLetterRecord.read(message)
+    if keep is not None:
+        keep(record, headers, dict(message.properties), bytes(message.body))
     copied = {k: v for k, v in message.properties.items() if k not in DROPPED_PROPERTIES}
     replayed = replayed_headers(edited.headers, record, keep_tries=False)
     replayed[h.EDITED_AT] = h.now_utc()

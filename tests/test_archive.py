@@ -130,3 +130,35 @@ def test_inbox_dlq_archive_moves_the_matching_dead_letters_into_the_archive(
     assert (row.ref, row.queue, row.source) == (taken, queue, "amqp")
     assert row.archived_by == getpass.getuser()
     assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [left]
+
+
+def test_inbox_dlq_purge_archive_keeps_what_it_takes_in_the_archive_without_asking(
+    pg_db: Database, rabbit: Rabbit
+) -> None:
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    taken = dead_letter(rabbit, queue, ref="a")
+    left = dead_letter(rabbit, queue, ref="b")
+    on = ["--broker", rabbit.url, "--queue", queue, "--database-url", pg_db.url]
+    out, err = io.StringIO(), io.StringIO()
+
+    def refuse(question: str) -> bool:
+        raise AssertionError(f"asked {question!r}: an archive loses nothing, so nothing is asked")
+
+    code = admin_main(
+        ["dlq", "purge", "--archive", *on, "--id", taken], stdout=out, stderr=err, confirm=refuse
+    )
+    assert code == 0, err.getvalue()
+    assert out.getvalue().startswith(
+        f"archived 1 of 2 dead letters from {dead_letter_queue(queue)}"
+    )
+    (row,) = _archive.listed(pg_db.engine, archive_table)
+    assert (row.ref, row.queue, row.archived_by) == (taken, queue, getpass.getuser())
+    assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [left]
+
+    # Without --archive, purge is as it was: without --yes and no terminal, it refuses (2).
+    dead_letter(rabbit, queue, ref="c")
+    code = admin_main(["dlq", "purge", *on[:4]], stdout=io.StringIO(), stderr=err)
+    assert code == 2
+    assert "refusing to purge without --yes" in err.getvalue()
+    assert rabbit.depth(dead_letter_queue(queue)) == 1

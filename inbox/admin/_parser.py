@@ -254,9 +254,23 @@ def _dlq_parsers(dlq: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
     archive.add_argument(
         "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="[SCHEMA.]NAME"
     )
-    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
+    purge = dlq_commands.add_parser(
+        "purge", help="delete dead letters for good (--archive: keep them in the archive)"
+    )
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
+    purge.add_argument(
+        "--archive",
+        action="store_true",
+        help="move them into the archive table instead, as inbox dlq archive does (they can "
+        "be restored; nothing is asked, since nothing is lost)",
+    )
+    purge.add_argument(
+        "--database-url", help=f"with --archive: SQLAlchemy URL (default ${DATABASE_URL_ENV})"
+    )
+    purge.add_argument(
+        "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="with --archive: [SCHEMA.]NAME"
+    )
     return dict(dlq_commands.choices)
 
 

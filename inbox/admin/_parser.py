@@ -17,6 +17,7 @@ from inbox._cli import (
     whole_number,
 )
 from inbox.admin import _commands
+from inbox.admin._audit import add_audit_option
 from inbox.admin._subcommands import Subcommand, discovered
 from inbox.operations._filters import dead_letter_reason, duration, failure_group
 from inbox.operations._tables import Tables
@@ -73,6 +74,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     _key_options(release)
     release.add_argument("--handler", required=True, help="the handler to run again")
     release.add_argument("--yes", action="store_true", help="do not ask")
+    add_audit_option(release)
 
     upgrade = commands.add_parser(
         "migrate",
@@ -160,6 +162,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 def _move_options(parser: argparse.ArgumentParser) -> None:
     _broker_options(parser)
+    add_audit_option(parser)
     parser.add_argument(
         "--limit", type=whole_number(1), help="take at most N of the dead letters that match"
     )

@@ -38,6 +38,7 @@ from inbox._cli import (
 )
 from inbox._oneline import database_error_line
 from inbox.admin import _commands
+from inbox.admin._audit import check_audit_file
 from inbox.admin._dlq_commands import archive_named, dlq, dlq_archive
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._parser import usage_parser
@@ -75,6 +76,8 @@ def admin_main(
     parser = usage_parser()
     try:
         args = parser.parse_args(arguments)
+        if hasattr(args, "audit_file"):  # a command that changes something: audited
+            check_audit_file(args)
         broker = _broker_url(args)
         if args.command == "dlq" and _archives(args):
             assert broker is not None

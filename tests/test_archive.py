@@ -11,6 +11,7 @@ import io
 import json
 import uuid
 
+import pytest
 from console_support import dead_letter, declare_queues
 from sqlalchemy import select, update
 from support.databases import Database
@@ -112,17 +113,22 @@ def test_inbox_cleanup_archive_days_deletes_only_the_old_archived_rows(pg_db: Da
     assert "deleted 0 dead letters" in cleanup("--archive-days", "7")
 
 
-def test_inbox_dlq_archive_moves_the_matching_dead_letters_into_the_archive(
-    pg_db: Database, rabbit: Rabbit
+def refuse(question: str) -> bool:
+    raise AssertionError(f"asked {question!r}: an archive loses nothing, so nothing is asked")
+
+
+@pytest.mark.parametrize("command", [["archive"], ["purge", "--archive"]], ids=" ".join)
+def test_inbox_dlq_archive_and_purge_archive_move_the_matching_dead_letters_into_the_archive(
+    pg_db: Database, rabbit: Rabbit, command: list[str]
 ) -> None:
     queue = rabbit.queue()
     declare_queues(rabbit, queue)
     taken = dead_letter(rabbit, queue, ref="a")
     left = dead_letter(rabbit, queue, ref="b")
     on = ["--broker", rabbit.url, "--queue", queue, "--database-url", pg_db.url]
-    out = io.StringIO()
-    code = admin_main(["dlq", "archive", *on, "--id", taken], stdout=out, stderr=io.StringIO())
-    assert code == 0, out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main(["dlq", *command, *on, "--id", taken], stdout=out, stderr=err, confirm=refuse)
+    assert code == 0, err.getvalue()
     assert out.getvalue().startswith(
         f"archived 1 of 2 dead letters from {dead_letter_queue(queue)}"
     )
@@ -132,33 +138,14 @@ def test_inbox_dlq_archive_moves_the_matching_dead_letters_into_the_archive(
     assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [left]
 
 
-def test_inbox_dlq_purge_archive_keeps_what_it_takes_in_the_archive_without_asking(
-    pg_db: Database, rabbit: Rabbit
+def test_inbox_dlq_purge_without_archive_still_asks_and_refuses_without_a_terminal(
+    rabbit: Rabbit,
 ) -> None:
     queue = rabbit.queue()
     declare_queues(rabbit, queue)
-    taken = dead_letter(rabbit, queue, ref="a")
-    left = dead_letter(rabbit, queue, ref="b")
-    on = ["--broker", rabbit.url, "--queue", queue, "--database-url", pg_db.url]
-    out, err = io.StringIO(), io.StringIO()
-
-    def refuse(question: str) -> bool:
-        raise AssertionError(f"asked {question!r}: an archive loses nothing, so nothing is asked")
-
-    code = admin_main(
-        ["dlq", "purge", "--archive", *on, "--id", taken], stdout=out, stderr=err, confirm=refuse
-    )
-    assert code == 0, err.getvalue()
-    assert out.getvalue().startswith(
-        f"archived 1 of 2 dead letters from {dead_letter_queue(queue)}"
-    )
-    (row,) = _archive.listed(pg_db.engine, archive_table)
-    assert (row.ref, row.queue, row.archived_by) == (taken, queue, getpass.getuser())
-    assert [m.properties["message_id"] for m in rabbit.take_all(dead_letter_queue(queue))] == [left]
-
-    # Without --archive, purge is as it was: without --yes and no terminal, it refuses (2).
     dead_letter(rabbit, queue, ref="c")
-    code = admin_main(["dlq", "purge", *on[:4]], stdout=io.StringIO(), stderr=err)
-    assert code == 2
+    err = io.StringIO()
+    on = ["--broker", rabbit.url, "--queue", queue]
+    assert admin_main(["dlq", "purge", *on], stdout=io.StringIO(), stderr=err, confirm=None) == 2
     assert "refusing to purge without --yes" in err.getvalue()
     assert rabbit.depth(dead_letter_queue(queue)) == 1

@@ -12,6 +12,7 @@ import json
 import uuid
 from decimal import Decimal
 
+import pytest
 from console_support import dead_letter, declare_queues
 from sqlalchemy import select, update
 from support.databases import Database
@@ -113,17 +114,22 @@ def test_inbox_cleanup_archive_days_deletes_only_the_old_archived_rows(pg_db: Da
     assert "deleted 0 dead letters" in cleanup("--archive-days", "7")
 
 
-def test_inbox_dlq_archive_moves_the_matching_dead_letters_into_the_archive(
-    pg_db: Database, rabbit: Rabbit
+def refuse(question: str) -> bool:
+    raise AssertionError(f"asked {question!r}: an archive loses nothing, so nothing is asked")
+
+
+@pytest.mark.parametrize("command", [["archive"], ["purge", "--archive"]], ids=" ".join)
+def test_inbox_dlq_archive_and_purge_archive_move_the_matching_dead_letters_into_the_archive(
+    pg_db: Database, rabbit: Rabbit, command: list[str]
 ) -> None:
     queue = rabbit.queue()
     declare_queues(rabbit, queue)
     taken = dead_letter(rabbit, queue, ref="a")
     left = dead_letter(rabbit, queue, ref="b")
     on = ["--broker", rabbit.url, "--queue", queue, "--database-url", pg_db.url]
-    out = io.StringIO()
-    code = admin_main(["dlq", "archive", *on, "--id", taken], stdout=out, stderr=io.StringIO())
-    assert code == 0, out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main(["dlq", *command, *on, "--id", taken], stdout=out, stderr=err, confirm=refuse)
+    assert code == 0, err.getvalue()
     assert out.getvalue().startswith(
         f"archived 1 of 2 dead letters from {dead_letter_queue(queue)}"
     )
@@ -162,3 +168,16 @@ def test_a_restored_rabbitmq_letter_carries_its_headers_as_they_were(
     for name, value in read_back.items():
         assert restored.headers[name] == value, name
         assert type(restored.headers[name]) is type(value), name
+
+
+def test_inbox_dlq_purge_without_archive_still_asks_and_refuses_without_a_terminal(
+    rabbit: Rabbit,
+) -> None:
+    queue = rabbit.queue()
+    declare_queues(rabbit, queue)
+    dead_letter(rabbit, queue, ref="c")
+    err = io.StringIO()
+    on = ["--broker", rabbit.url, "--queue", queue]
+    assert admin_main(["dlq", "purge", *on], stdout=io.StringIO(), stderr=err, confirm=None) == 2
+    assert "refusing to purge without --yes" in err.getvalue()
+    assert rabbit.depth(dead_letter_queue(queue)) == 1

@@ -6,6 +6,7 @@ request authenticated by HTTP Basic records its user name, also when it is refus
 from __future__ import annotations
 
 import base64
+import getpass
 import io
 import json
 import logging
@@ -19,11 +20,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from console_support import PASSWORD, TOKEN
+import pytest
+from console_support import PASSWORD, TOKEN, dead_letter, declare_queues
 from support.databases import Database
+from support.rabbit import Rabbit
 
+from inbox.admin import admin_main
 from inbox.console._audit import audit, log_to
 from inbox.console._auth import SESSION_COOKIE
+from inbox.operations._audit_trail import AUDIT_FILE_ENV, append_record, read_newest
 
 BASIC = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
 WRONG_BASIC = "Basic " + base64.b64encode(b"mallory:guess-guess-guess").decode()
@@ -171,3 +176,73 @@ def test_log_to_again_replaces_what_it_set_up(tmp_path: Path) -> None:
         "queue": "orders",
         "dry_run": False,
     }
+
+
+def test_the_audit_page_reads_the_file_back_across_a_restart_with_the_commands_lines(
+    pg_db: Database, rabbit: Rabbit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit_file = tmp_path / "audit.jsonl"
+    queue = rabbit.queue("cli-audited")
+    declare_queues(rabbit, queue)
+    message_id = dead_letter(rabbit, queue)
+    with served(pg_db, "--audit-file", str(audit_file)) as (url, _):
+        assert httpx.post(url + "/login", data={"token": TOKEN}).status_code == 303
+
+    # The command, given the file by the environment, appends its replay to the same file.
+    monkeypatch.setenv(AUDIT_FILE_ENV, str(audit_file))
+    out, err = io.StringIO(), io.StringIO()
+    on = ["--broker", rabbit.url, "--queue", queue]
+    assert admin_main(["dlq", "replay", *on, "--dry-run"], stdout=out, stderr=err) == 0
+    assert admin_main(["dlq", "replay", *on], stdout=out, stderr=err) == 0, err.getvalue()
+    assert "replayed 1 of 1" in out.getvalue()
+    monkeypatch.delenv(AUDIT_FILE_ENV)
+
+    with served(pg_db, "--audit-file", str(audit_file)) as (url, _):  # a new process
+        page = httpx.get(url + "/audit", headers={"authorization": BASIC})
+        assert page.status_code == 200
+        rows = page.text.split('<tr class="audit-row">')[1:]
+        assert len(rows) == 2  # the dry run changed nothing and wrote no line
+        replayed, signed_in = rows  # newest first
+        assert f'<td class="audit-who">{getpass.getuser()}</td>' in replayed
+        assert '<td class="audit-action">dlq.replay</td>' in replayed
+        assert f"queue={queue}" in replayed
+        assert "via=inbox" in replayed
+        assert "ids=any" in replayed
+        assert message_id not in signed_in
+        assert '<td class="audit-who">token</td>' in signed_in
+        assert '<td class="audit-action">login</td>' in signed_in
+        assert "From the audit file" in page.text
+        only = httpx.get(
+            url + "/audit", params={"action": "dlq.replay"}, headers={"authorization": BASIC}
+        )
+        assert only.text.count('<tr class="audit-row">') == 1
+
+
+def test_the_audit_file_is_read_from_its_end_and_lines_not_audit_records_are_left_out(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    for n in range(50):
+        append_record(str(path), "bob", "dlq.replay", n, {"queue": f"q{n}"})
+    with path.open("a", encoding="utf-8") as file:
+        file.write('not json\n[1, 2]\n{"time": "never", "who": "x", "action": "y"}\n')
+        file.write('{"time": "2026-01-01T00:00:00+00:00", "who": "cut-by-a-cra')  # no newline
+    newest = read_newest(str(path), 5)
+    assert [r.count for r in newest] == [49, 48, 47, 46, 45]
+    assert newest[0].details == {"queue": "q49"}
+    assert newest[0].at.tzinfo is not None
+    window = len((path.read_bytes().split(b"\n"))[-6]) * 4  # the end of the file only
+    tail = read_newest(str(path), 1000, max_bytes=window)
+    assert 0 < len(tail) < 50
+    assert [r.count for r in tail] == list(range(49, 49 - len(tail), -1))
+    assert read_newest(str(tmp_path / "missing.jsonl"), 5) == []
+
+
+def test_an_audit_file_the_command_cannot_open_stops_it_before_any_change(
+    tmp_path: Path,
+) -> None:
+    err = io.StringIO()
+    missing = str(tmp_path / "no-such-dir" / "audit.jsonl")
+    argv = ["dlq", "replay", "--broker", "amqp://127.0.0.1:1//", "--queue", "q"]
+    assert admin_main([*argv, "--audit-file", missing], stdout=io.StringIO(), stderr=err) == 2
+    assert f"cannot open the audit file {missing}" in err.getvalue()

@@ -11,6 +11,8 @@ tests/test_console_browser.py, imported by name (hence the F811)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from console_support import settings
 from selenium.webdriver.common.by import By
 from sqlalchemy.orm import Session, sessionmaker
@@ -40,6 +42,14 @@ def failing_app(db: Database, fixed: list[bool]) -> Inbox:
 
     inbox.handler("op", name="ops.apply")(apply)
     return inbox
+
+
+def raised_at(statement: str) -> str:
+    """``module:function:line`` of the line of ``apply`` in :func:`failing_app` that holds
+    ``statement``: the frame the worker records for a failure raised there."""
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    (line,) = [n for n, text in enumerate(lines, start=1) if text.strip().startswith(statement)]
+    return f"{__name__}:apply:{line}"
 
 
 def group_rows(page: Page) -> list[list[str]]:
@@ -75,19 +85,20 @@ def test_dead_letters_are_grouped_by_failure_and_a_group_is_replayed(
         rows = group_rows(page)
         assert page.text("#group-count") == "2"
         not_found, declined = rows  # the largest group first
+        # The error, and under it where the handler raised it (x-inbox-error-frame).
         assert not_found[1:6] == [
             "3",
             "handler-failed",
             "ops.apply",
             "LookupError",
-            "order <n> not found in shard <n>",
+            f"order <n> not found in shard <n>\nops.apply@{raised_at('raise LookupError(')}",
         ]
         assert declined[1:6] == [
             "1",
             "handler-failed",
             "ops.apply",
             "ValueError",
-            "card declined by the provider",
+            f"card declined by the provider\nops.apply@{raised_at('raise ValueError(')}",
         ]
         page.shot("failure-groups")
 

@@ -155,6 +155,9 @@ def test_a_foreign_producer_s_duplicates_bad_ids_and_poison_end_once_or_in_the_d
     assert poison.headers["x-inbox-failed-handlers"] == HANDLER
     assert poison.headers["x-inbox-queue"] == queue
     assert "poison on purpose" in poison.headers["x-inbox-error"]
+    # Where the handler raised it: the edge shares the worker's dead-letter decision.
+    raised_at = handler.__code__.co_firstlineno + 3
+    assert poison.headers["x-inbox-error-frame"] == f"{HANDLER}@{__name__}:handler:{raised_at}"
     assert poison.body == b'{"ref": "poison"}'  # the body as the producer sent it
     assert dead["invalid-message-id"].properties["message_id"] == "order-17"
     counts = queue_counts(rabbit)

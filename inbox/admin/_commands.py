@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from inbox._cli import EXIT_OK, EXIT_USAGE, UsageError
 from inbox.admin import _printing
+from inbox.admin._audit import record
 from inbox.operations import _claims, _render, _status
 from inbox.operations import _dead_letter_sources as sources
 from inbox.operations import _dead_letters as dead_letters
@@ -176,6 +177,8 @@ def release(
             io.err.write("inbox: nothing released\n")
             return EXIT_USAGE
     claims, effects = _claims.release(engine, tables.claims, tables.effects, keys, args.handler)
+    details = {"handler": args.handler, "lookup": args.id_or_key, "effects": effects}
+    record(args, "claims.release", claims, details)
     io.out.write(
         f"released: {claims} claim(s) and {effects} effect record(s) "
         f"of {args.handler} deleted; the next delivery runs it again\n"

@@ -5,7 +5,6 @@ letters, :mod:`inbox.operations._redis_dead_letters`)."""
 from __future__ import annotations
 
 import argparse
-import getpass
 from collections.abc import Callable
 from typing import TextIO
 
@@ -13,6 +12,7 @@ from sqlalchemy import Engine, MetaData, Table
 
 from inbox._cli import EXIT_OK, EXIT_USAGE
 from inbox.admin import _printing
+from inbox.admin._audit import os_user, record
 from inbox.admin._commands import EXIT_NOT_FOUND, Streams
 from inbox.operations import _archive, _failure_groups, _render, _replay
 from inbox.operations import _dead_letters as _dlq
@@ -69,6 +69,11 @@ def dlq(args: argparse.Namespace, broker: str, io: Streams) -> int:
             )
     if progress is not None:
         io.err.write("\n")
+    if not report.dry_run:
+        details = _described(args, filters)
+        if args.dlq_command == "replay":
+            details |= {"max_replays": args.max_replays, "keep_tries": args.keep_tries}
+        record(args, f"dlq.{args.dlq_command}", report.moved, details)
     if not args.quiet:
         io.out.write(f"{_render.move_line(report, args.dlq_command)}\n")
         if report.dry_run:
@@ -127,11 +132,15 @@ def dlq_archive(
             table,
             args.queue,
             filters=filters,
-            who=_user(),
+            who=os_user(),
             limit=args.limit,
             max_read=args.max_read,
             dry_run=args.dry_run,
         )
+    if not report.dry_run:
+        command = "purge --archive" if args.dlq_command == "purge" else "archive"
+        details = {**_described(args, filters), "command": command}
+        record(args, "dlq.archive", report.moved, details)
     if not args.quiet:
         io.out.write(f"{_render.move_line(report, 'archive')}\n")
         if report.dry_run:
@@ -139,12 +148,17 @@ def dlq_archive(
     return EXIT_OK
 
 
-def _user() -> str:
-    """Who runs the command, for the archive's ``archived_by`` (``-`` when unknown)."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no login name and no such uid in the password database
-        return "-"
+def _described(args: argparse.Namespace, filters: Filters) -> dict[str, object]:
+    """A move's queue and filters as its audit line holds them (as the console writes them)."""
+    return {
+        "queue": args.queue,
+        "reasons": ",".join(sorted(filters.reasons)) or "any",
+        "handlers": ",".join(sorted(filters.handlers)) or "any",
+        "older_than": str(filters.older_than) if filters.older_than is not None else "-",
+        "ids": ",".join(sorted(filters.message_ids)) or "any",
+        **({"groups": ",".join(sorted(filters.groups))} if filters.groups else {}),
+        **({"limit": args.limit} if args.limit is not None else {}),
+    }
 
 
 def _groups(args: argparse.Namespace, broker: str, io: Streams) -> int:

@@ -17,6 +17,7 @@ from inbox._cli import (
     whole_number,
 )
 from inbox.admin import _commands
+from inbox.admin._audit import add_audit_option
 from inbox.admin._subcommands import Subcommand, discovered
 from inbox.operations._filters import dead_letter_reason, duration, failure_group
 from inbox.operations._tables import Tables
@@ -73,6 +74,7 @@ def usage_parser(parsers: dict[str, argparse.ArgumentParser] | None = None) -> U
     _key_options(release)
     release.add_argument("--handler", required=True, help="the handler to run again")
     release.add_argument("--yes", action="store_true", help="do not ask")
+    add_audit_option(release)
 
     upgrade = commands.add_parser(
         "migrate",
@@ -160,6 +162,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 def _move_options(parser: argparse.ArgumentParser) -> None:
     _broker_options(parser)
+    add_audit_option(parser)
     parser.add_argument(
         "--limit", type=whole_number(1), help="take at most N of the dead letters that match"
     )
@@ -254,9 +257,23 @@ def _dlq_parsers(dlq: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
     archive.add_argument(
         "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="[SCHEMA.]NAME"
     )
-    purge = dlq_commands.add_parser("purge", help="delete dead letters for good")
+    purge = dlq_commands.add_parser(
+        "purge", help="delete dead letters for good (--archive: keep them in the archive)"
+    )
     _move_options(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
+    purge.add_argument(
+        "--archive",
+        action="store_true",
+        help="move them into the archive table instead, as inbox dlq archive does (they can "
+        "be restored; nothing is asked, since nothing is lost)",
+    )
+    purge.add_argument(
+        "--database-url", help=f"with --archive: SQLAlchemy URL (default ${DATABASE_URL_ENV})"
+    )
+    purge.add_argument(
+        "--archive-table", default=DEFAULT_ARCHIVE_TABLE_NAME, help="with --archive: [SCHEMA.]NAME"
+    )
     return dict(dlq_commands.choices)
 
 

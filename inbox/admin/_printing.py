@@ -125,6 +125,8 @@ def group_lines(group: FailureGroup) -> Iterator[str]:
         f"exception={print_.exception_type or '-'}"
     )
     yield f"  error={bounded(print_.message, 200) or '-'}"
+    if print_.frame is not None:
+        yield f"  frame={bounded(print_.frame, 200)}"
     yield f"  sample: {dead_letter_line(group.sample)}"
 
 
@@ -140,6 +142,7 @@ def group_document(group: FailureGroup) -> dict[str, object]:
         "handlers": list(print_.handlers),
         "exception_type": print_.exception_type,
         "error": print_.message,
+        "frame": print_.frame,
         "refs": group.refs,
         "sample": group.sample,
     }

@@ -5,7 +5,8 @@ console registers, :mod:`inbox.admin._subcommands`); ``cleanup`` is ``inbox-clea
 
 Exit codes: 0 success (also when the reader of the output went away: ``inbox status | head
 -1``); 1 a database or broker error; 2 bad usage (or ``release``, ``dlq purge`` without
-``--yes`` and no terminal to ask on); 3 nothing found (``show``, ``release``, ``dlq show``).
+``--yes`` and no terminal to ask on: ``dlq purge --archive`` archives instead, and asks
+nothing); 3 nothing found (``show``, ``release``, ``dlq show``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inbox._cli import (
 )
 from inbox._oneline import database_error_line
 from inbox.admin import _commands
+from inbox.admin._audit import check_audit_file
 from inbox.admin._dlq_commands import archive_named, dlq, dlq_archive
 from inbox.admin._guard import guarded_cleanup
 from inbox.admin._parser import usage_parser
@@ -74,8 +76,10 @@ def admin_main(
     parser = usage_parser()
     try:
         args = parser.parse_args(arguments)
+        if hasattr(args, "audit_file"):  # a command that changes something: audited
+            check_audit_file(args)
         broker = _broker_url(args)
-        if args.command == "dlq" and args.dlq_command == "archive":
+        if args.command == "dlq" and _archives(args):
             assert broker is not None
             archive_url = database_url(args.database_url)
             archive = archive_named(args.archive_table)
@@ -115,6 +119,14 @@ def admin_main(
             engine.dispose()
 
     return _guarded(run, io, url, broker)
+
+
+def _archives(args: argparse.Namespace) -> bool:
+    """Whether the ``dlq`` command moves dead letters into the archive: ``inbox dlq
+    archive``, or ``inbox dlq purge --archive``."""
+    if args.dlq_command == "archive":
+        return True
+    return args.dlq_command == "purge" and bool(args.archive)
 
 
 def _print(io: _commands.Streams, line: str) -> int:

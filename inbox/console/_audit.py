@@ -6,22 +6,23 @@ event. OpenTelemetry stays optional: without it only the line is written.
 ``inbox console`` sends the lines to stderr (:func:`log_to`), and with ``--audit-file`` also
 as JSON lines to a file; an application serving :func:`inbox.console.create_app` itself
 configures the logger as it configures its others. The process also keeps the last
-:data:`RECENT_KEPT` records for the console's audit page (:func:`recent_audit`)."""
+:data:`RECENT_KEPT` records for the console's audit page (:func:`recent_audit`), which reads
+the audit file instead when one is configured (:mod:`inbox.operations._audit_trail`: the
+records of earlier runs and of the ``inbox`` command are there too)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import sys
 import threading
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final, TextIO
 
 from inbox._oneline import bounded
 from inbox.errors import ConfigurationError
+from inbox.operations._audit_trail import AuditRecord, audit_line, plain, read_newest
 
 __all__ = [
     "AUDIT_LOGGER",
@@ -48,7 +49,7 @@ def audit(who: str, action: str, count: int, details: Mapping[str, object]) -> N
     filters, ``dry_run``, ``outcome``...)."""
     who = bounded(who, 100)  # a refused sign-in's user name is whatever was typed
     facts = " ".join(f"{k}={bounded(str(v), 200)!r}" for k, v in details.items())
-    record = {"who": who, "action": action, "count": count, **_plain(details)}
+    record = {"who": who, "action": action, "count": count, **plain(details)}
     _remember(record)
     _log.info(
         "console action by=%r action=%s count=%d %s",
@@ -82,18 +83,6 @@ _recent: deque[AuditRecord] = deque(maxlen=RECENT_KEPT)
 _recent_lock = threading.Lock()
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRecord:
-    """One audit line as the audit page shows it: when (UTC), who, what, how many, and the
-    details (bounded texts)."""
-
-    at: dt.datetime
-    who: str
-    action: str
-    count: int
-    details: dict[str, object]
-
-
 def _remember(record: Mapping[str, object]) -> None:
     details = {k: v for k, v in record.items() if k not in ("who", "action", "count")}
     count = record["count"]
@@ -108,15 +97,14 @@ def _remember(record: Mapping[str, object]) -> None:
         _recent.append(remembered)
 
 
-def recent_audit() -> list[AuditRecord]:
-    """The last :data:`RECENT_KEPT` audit records of this process, newest first (what the
-    console's audit page shows; the ``--audit-file`` keeps every one)."""
+def recent_audit(audit_file: str | None = None) -> list[AuditRecord]:
+    """The last :data:`RECENT_KEPT` audit records, newest first (what the console's audit
+    page shows): of the ``audit_file`` when one is given (read from its end, bounded: those
+    of earlier runs and of the ``inbox`` command too), else of this process."""
+    if audit_file is not None:
+        return read_newest(audit_file, RECENT_KEPT)
     with _recent_lock:
         return list(reversed(_recent))
-
-
-def _plain(details: Mapping[str, object]) -> dict[str, object]:
-    return {k: v if isinstance(v, bool | int) else bounded(str(v), 200) for k, v in details.items()}
 
 
 class AuditJson(logging.Formatter):
@@ -126,9 +114,9 @@ class AuditJson(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         """The record's audit facts as a JSON line (its message for any other record)."""
         facts = getattr(record, _FACTS, None)
-        at = dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")
+        at = dt.datetime.fromtimestamp(record.created, dt.UTC)
         body = facts if isinstance(facts, dict) else {"message": record.getMessage()}
-        return json.dumps({"time": at, **body}, ensure_ascii=False, sort_keys=False)
+        return audit_line(at, body)
 
 
 def log_to(level: str, audit_file: str | None = None, stream: TextIO | None = None) -> None:

@@ -1,9 +1,11 @@
-"""The audit page: who did what, when, to how many, from the audit records this console
-process keeps (:func:`inbox.console._audit.recent_audit`), filtered by who, action, age and a
-text in the details."""
+"""The audit page: who did what, when, to how many, from the audit file when the console has
+one (the records of earlier runs and of the ``inbox`` command too), else from the records
+this console process keeps (:func:`inbox.console._audit.recent_audit`), filtered by who,
+action, age and a text in the details."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from inbox.console._audit import RECENT_KEPT, AuditRecord, recent_audit
-from inbox.console._web import HttpProblem, User, page, render_page
+from inbox.console._web import HttpProblem, User, page, render_page, settings_of
 from inbox.operations._filters import duration
 
 __all__ = ["AuditFilters", "audit_page"]
@@ -69,7 +71,11 @@ def _choices(records: Iterable[AuditRecord]) -> tuple[list[str], list[str]]:
 async def audit_page(request: Request, user: User) -> Response:
     """The audit records kept, newest first, filtered."""
     filters = AuditFilters.of(request.query_params)
-    records = recent_audit()
+    audit_file = settings_of(request).audit_file
+    try:
+        records = await asyncio.to_thread(recent_audit, audit_file)
+    except OSError as exc:
+        raise HttpProblem(503, f"cannot read the audit file {audit_file}: {exc.strerror}") from None
     now = dt.datetime.now(dt.UTC)
     shown = [r for r in records if filters.take(r, now)]
     people, actions = _choices(records)
@@ -83,6 +89,7 @@ async def audit_page(request: Request, user: User) -> Response:
         most=RECENT_KEPT,
         shown_at_most=_SHOWN,
         filters=filters,
+        audit_file=audit_file,
         since=request.query_params.get("since", ""),
         people=people,
         actions=actions,

@@ -17,6 +17,7 @@ from inbox._cli import EXIT_OK, UsageError, whole_number
 from inbox.console._audit import LOG_LEVELS, log_to
 from inbox.console._auth import PASSWORD_ENV, TOKEN_ENV, USER_ENV, load_credentials
 from inbox.console._settings import DEFAULT_HOST, DEFAULT_PORT, ConsoleSettings
+from inbox.operations._audit_trail import AUDIT_FILE_ENV
 from inbox.operations._status import read_status
 from inbox.operations._tables import Tables, tenant_schemas
 from inbox.operations._workers import check_worker_url
@@ -131,7 +132,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--audit-file",
         metavar="FILE",
-        help="also append every audit line to FILE, one JSON object a line",
+        default=os.environ.get(AUDIT_FILE_ENV) or None,
+        help="also append every audit line to FILE, one JSON object a line; the audit page "
+        f"reads it back (default ${AUDIT_FILE_ENV})",
     )
     tenants = parser.add_mutually_exclusive_group()
     tenants.add_argument(
@@ -185,6 +188,7 @@ def run(
         workers=tuple(check_worker_url(url) for url in args.workers),
         application=application,
         management=_management(args.rabbitmq_management),
+        audit_file=args.audit_file,
     )
     first = tables.in_schema(schemas[0]) if schemas else tables
     read_status(engine, first.claims, first.outbox, first.effects)  # fail now, not per page

@@ -55,6 +55,10 @@ class ConsoleSettings:
     allow_hard_purge: bool = False
     """Offer purge, which deletes dead letters for good (with ``allow_actions``); without it
     they are archived (:mod:`inbox.operations._archive`) and purge is refused."""
+    audit_file: str | None = None
+    """The audit file (``inbox console --audit-file``): the audit page reads it back, newest
+    first, with the records of earlier runs and of the ``inbox`` command. None: the page
+    shows this process's own records."""
 
     def __post_init__(self) -> None:
         if self.schemas and any(

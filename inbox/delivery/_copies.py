@@ -26,6 +26,7 @@ _KEPT_ADDED: Final = (
     h.FIRST_FAILURE,
     h.LAST_FAILURE,
     h.ERROR,
+    h.ERROR_FRAME,
     h.FAILED_HANDLERS,
     h.CLAIM_KEYS,
 )

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from inbox.delivery import headers as h
+from inbox.delivery._frames import error_frames
 from inbox.delivery.topology import RetryPolicy
 from inbox.errors import (
     SETUP_ERRORS,
@@ -88,6 +89,9 @@ class DeadLetter:
     failed_handlers: tuple[str, ...] = ()
     claim_keys: tuple[tuple[str, uuid.UUID], ...] = ()
     """Each handler that claims under a key other than the message id, with that key."""
+    frame: str | None = None
+    """Where in the application's code the handlers failed (the ``x-inbox-error-frame``
+    header)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,10 @@ def decide(
         reason = DeadLetterReason.HANDLER_FAILED
     else:
         return Retry(tries, policy.delay_ms(tries), described, failed)
-    return DeadLetter(reason, described, tries, failed, _claim_keys(outcome))
+    # Only here, on the way to the dead-letter queue: the success path never walks a traceback.
+    return DeadLetter(
+        reason, described, tries, failed, _claim_keys(outcome), error_frames(failures)
+    )
 
 
 def _claim_keys(outcome: BaseException) -> tuple[tuple[str, uuid.UUID], ...]:
@@ -177,5 +184,7 @@ def dead_letter_headers(headers: Mapping[str, Any], dead: DeadLetter, queue: str
     }
     if dead.claim_keys:
         extra[h.CLAIM_KEYS] = h.claim_keys_value(dead.claim_keys)
+    if dead.frame is not None:
+        extra[h.ERROR_FRAME] = dead.frame
     extra.setdefault(h.ERROR, h.truncate(dead.detail))
     return extra

@@ -23,6 +23,7 @@ __all__ = [
     "EDITED_BEFORE",
     "EDITED_BY",
     "ERROR",
+    "ERROR_FRAME",
     "FAILED_HANDLERS",
     "FIRST_FAILURE",
     "LAST_FAILURE",
@@ -41,6 +42,12 @@ LAST_FAILURE: Final = "x-inbox-last-failure"
 ERROR: Final = "x-inbox-error"
 """The latest failure: exception type and the first line of its message, one line of at most
 1,000 characters; never SQL text or bound parameters."""
+ERROR_FRAME: Final = "x-inbox-error-frame"
+"""On a dead letter after a handler failed for good: where in the application's own code
+each failed handler's exception happened, ``handler@module:function:line`` (the innermost
+frame of the traceback not in the inbox, an installed package or the standard library),
+joined by ``; ``, at most 500 characters; absent when no frame was the application's. The
+failure groups (``inbox dlq groups``, the console) tell failures apart by it."""
 FAILED_HANDLERS: Final = "x-inbox-failed-handlers"
 """Names of the handlers that failed on the latest attempt, comma-separated."""
 CLAIM_KEYS: Final = "x-inbox-claim-keys"

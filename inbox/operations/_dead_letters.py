@@ -53,6 +53,7 @@ FAILURE_HEADERS: Final = (
     h.FIRST_FAILURE,
     h.LAST_FAILURE,
     h.ERROR,
+    h.ERROR_FRAME,
     h.FAILED_HANDLERS,
     h.REASON,
     h.SOURCE_QUEUE,
@@ -88,6 +89,9 @@ class DeadLetterRecord:
     """What names this dead letter to ``--id``, ``inbox dlq show`` and the console's rows:
     its message id, or for one without (a producer that sets none) ``sha256:`` and 16 hex
     digits of its body and headers."""
+    error_frame: str | None = None
+    """Where in the application's code the handlers failed (``x-inbox-error-frame``), when
+    the worker recorded it."""
 
     def dead_lettered(self) -> dt.datetime | None:
         """When it was dead-lettered, if the header says so readably."""
@@ -125,6 +129,7 @@ class DeadLetterRecord:
             len(body) if isinstance(body, bytes | str) else 0,
             _text(headers.get(IDEMPOTENCY_KEY_HEADER)),
             message_id if message_id is not None else fingerprint(body, headers),
+            _text(headers.get(h.ERROR_FRAME)),
         )
 
 
@@ -288,4 +293,5 @@ def summary_fields(letter: DeadLetterRecord) -> Sequence[tuple[str, object]]:
         ("at", letter.dead_lettered_at),
         ("handlers", ",".join(letter.failed_handlers) or None),
         ("error", letter.error),
+        ("frame", letter.error_frame),
     )

@@ -1,12 +1,14 @@
 """Failure groups: dead letters that failed the same way, together. A dead letter's failure
 fingerprint is its reason, the handlers that failed, the exception type and the error's text
 with its ids and numbers normalised (``order 17 not found`` and ``order 9 not found`` are one
-failure); ``inbox dlq groups`` and the console's groups page list the groups of the dead
+failure), and, where the worker recorded it, the first application frame of each failed
+handler's traceback (``x-inbox-error-frame``: the same exception raised from two lines is
+two failures); ``inbox dlq groups`` and the console's groups page list the groups of the dead
 letters read, with a count, the first and last seen and a sample, and a replay or purge
 takes one group by its id (:attr:`Filters.groups <inbox.operations._filters.Filters>`).
 
-The worker records no stack frame in a dead letter's headers (``x-inbox-error`` holds the
-exception type and its message's first line), so no frame is part of the fingerprint."""
+A dead letter written before the worker recorded frames has no ``x-inbox-error-frame``: its
+fingerprint, and so its group's id, is what it was without one."""
 
 from __future__ import annotations
 
@@ -55,16 +57,17 @@ class Fingerprint:
     exception_type: str | None
     message: str
     """The error's first line, the handlers' and exception's names left out, normalised."""
+    frame: str | None = None
+    """The ``x-inbox-error-frame`` header, as the worker wrote it (None: not recorded)."""
 
     @property
     def id(self) -> str:
         """:data:`GROUP_PREFIX` and 12 hex digits of the fingerprint: what ``--group`` and
         the console's forms name a group by."""
-        digest = hashlib.sha256(
-            "\0".join(
-                (self.reason, ",".join(self.handlers), self.exception_type or "", self.message)
-            ).encode()
-        )
+        parts = [self.reason, ",".join(self.handlers), self.exception_type or "", self.message]
+        if self.frame is not None:  # absent: the id a letter without a frame always had
+            parts.append(self.frame)
+        digest = hashlib.sha256("\0".join(parts).encode())
         return f"{GROUP_PREFIX}{digest.hexdigest()[:12]}"
 
 
@@ -83,7 +86,9 @@ def fingerprint_of(letter: DeadLetterRecord) -> Fingerprint:
     if found is not None:
         exception_type = found.group(1)
         text = text[found.end() :]
-    return Fingerprint(letter.reason or "unknown", handlers, exception_type, normalised(text))
+    return Fingerprint(
+        letter.reason or "unknown", handlers, exception_type, normalised(text), letter.error_frame
+    )
 
 
 @dataclass(slots=True)

@@ -2,7 +2,8 @@
 whole partitions.
 
     .venv/bin/python benchmarks/s5_cleanup.py [--rows 10000000] [--days 30]
-        [--batch-size N | --batch-ms 25] [--pause-ms 0] [--layouts batched,partitioned,bare]
+        [--batch-size N | --batch-ms 25] [--pause-ms 0] [--pause-percent 0]
+        [--layouts batched,partitioned,bare]
 
 For each layout, in a fresh schema:
 
@@ -28,7 +29,8 @@ Then two worker threads call ``Inbox.process`` on new messages (``Message.new``:
 UUIDv7 ids) with a handler that inserts one row into a business table, and each call's
 latency is recorded: first for ``--latency-seconds`` without any purge, then while
 ``inbox.cleanup(engine, days=--days, batch_size=--batch-size, batch_seconds=--batch-ms,
-pause_seconds=--pause-ms)`` runs (by default each batch sized to take ``--batch-ms``;
+pause_seconds=--pause-ms, pause_ratio=--pause-percent / 100)`` runs (by default each
+batch sized to take ``--batch-ms``;
 ``--batch-size`` fixes the rows per batch) — the batched delete on the plain table;
 partition drops plus batched deletes of the rest on the partitioned one.
 The purge runs in a process of its own (as ``inbox-cleanup`` does from cron), so it does not
@@ -168,6 +170,7 @@ def purge_process(
     batch_size: int | None,
     batch_ms: float,
     pause_ms: float,
+    pause_percent: int = 0,
     bare: bool,
 ) -> None:
     """The purge, in a process of its own as ``inbox-cleanup`` runs from cron: connect, say
@@ -192,6 +195,7 @@ def purge_process(
             batch_size=batch_size,
             batch_seconds=batch_ms / 1000,
             pause_seconds=pause_ms / 1000,
+            pause_ratio=pause_percent / 100,
         )
     ended = time.monotonic()
     engine.dispose()
@@ -302,6 +306,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sleep between two delete batches (inbox-cleanup --pause-ms; default: 0)",
     )
     parser.add_argument(
+        "--pause-percent",
+        type=int,
+        default=0,
+        help="after each delete batch, sleep this share of its time (inbox-cleanup "
+        "--pause-percent; default: 0)",
+    )
+    parser.add_argument(
         "--layouts",
         default="batched,partitioned",
         help=f"which layouts to measure, comma-separated, of {','.join(LAYOUTS)}",
@@ -403,6 +414,7 @@ def measure(name: str, engine: Engine, options: argparse.Namespace, now: dt.date
             "batch_size": options.batch_size,
             "batch_ms": options.batch_ms,
             "pause_ms": options.pause_ms,
+            "pause_percent": options.pause_percent,
             "bare": name == "bare",
         },
     )
@@ -576,6 +588,7 @@ def run(options: argparse.Namespace, out_dir: Path) -> ScenarioReport:
             "batch_size": options.batch_size,
             "batch_ms": options.batch_ms,
             "pause_ms": options.pause_ms,
+            "pause_percent": options.pause_percent,
             "layouts": wanted,
             "latency_seconds": options.latency_seconds,
             "workers": WORKERS,

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, Row, create_engine, delete, func, ins
 from support.databases import Database
 
 from inbox import cleanup
-from inbox.retention import _key_batches
+from inbox.retention import _batches, _key_batches
 from inbox.retention._effect_records import effect_sizing
 from inbox.retention._key_batches import delete_by_keys
 from inbox.retention._pg_walk import _LOCK_SPACE, _oid_key
@@ -132,6 +132,65 @@ def test_the_key_batch_loop_pauses_between_batches_and_an_empty_look_is_no_batch
     assert effect_sizing(None, 0.025, 0.1).pause == 0.1  # effects and results pause too
 
 
+def test_the_pause_follows_the_measured_batch_time() -> None:
+    """``pause_ratio``: the pause after a batch is that multiple of the batch's own time, so
+    slow batches (a loaded server) get long pauses; ``pause`` is the floor."""
+    sizing = BatchSizing(seconds=0.05, pause_ratio=2.0)
+    assert sizing.next_pause == 0.0  # nothing measured yet
+    sizing.record(2_000, 0.010)
+    assert sizing.next_pause == pytest.approx(0.020)
+    before = sizing.size
+    sizing.record(before, 0.080)  # a slow batch: a long pause, and a smaller batch
+    assert sizing.next_pause == pytest.approx(0.160)
+    assert sizing.size < before
+    fixed = BatchSizing(fixed=10, pause=0.05, pause_ratio=1.0)  # fixed sizes are paced too
+    fixed.record(10, 0.010)
+    assert fixed.next_pause == 0.05
+    fixed.record(10, 0.200)
+    assert fixed.next_pause == pytest.approx(0.200)
+    assert effect_sizing(None, 0.025, 0.0, 3.0).pause_ratio == 3.0  # effects and results too
+
+
+def test_the_key_batch_loop_pauses_longer_after_a_slower_batch(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch slowed for real (its transaction held open 10 ms, then 100 ms) is followed by
+    a pause of ``pause_ratio`` times its measured time."""
+    fill(db.engine, [dt.timedelta(days=90, seconds=i) for i in range(9)])
+    slept: list[float] = []
+    monkeypatch.setattr(_key_batches.time, "sleep", slept.append)
+    key = inbox_message.c.message_id
+    stalls = iter([0.010, 0.100, 0.0])
+
+    def delete_keys(connection: Connection, found: Sequence[Row[Any]]) -> None:
+        connection.execute(delete(inbox_message).where(key.in_([row[0] for row in found])))
+        threading.Event().wait(next(stalls))  # the batch's transaction takes longer
+
+    sizing = BatchSizing(fixed=4, pause_ratio=1.5)
+    deleted, batches, longest = delete_by_keys(
+        db.engine, lambda limit: select(key).order_by(key).limit(limit), delete_keys, sizing
+    )
+
+    assert (deleted, batches) == (9, 3)
+    assert len(slept) == 2  # none after the last batch
+    assert 0.015 <= slept[0] < 0.1  # 1.5 x (10 ms + the batch's statements)
+    assert 0.150 <= slept[1] <= 1.5 * longest
+
+
+def test_cleanup_paces_the_claims_batches_by_their_time(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(db.engine, [dt.timedelta(days=90, seconds=i) for i in range(9)])
+    slept: list[float] = []
+    monkeypatch.setattr(_batches.time, "sleep", slept.append)
+
+    report = cleanup(db.engine, days=DAYS, now=NOW, batch_size=4, pause_ratio=2.0)
+
+    assert (report.deleted, report.batches) == (9, 3)
+    assert len(slept) == 2
+    assert all(0 < pause <= 2.0 * report.longest_batch_seconds for pause in slept)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "fragment"),
     [
@@ -145,6 +204,10 @@ def test_the_key_batch_loop_pauses_between_batches_and_an_empty_look_is_no_batch
         ({"batch_seconds": "0.05"}, TypeError, "batch_seconds"),
         ({"batch_seconds": True}, TypeError, "batch_seconds"),
         ({"batch_size": 1.5}, TypeError, "batch_size"),
+        ({"pause_ratio": -1}, ValueError, "pause_ratio"),
+        ({"pause_ratio": 101}, ValueError, "pause_ratio"),
+        ({"pause_ratio": float("nan")}, ValueError, "pause_ratio"),
+        ({"pause_ratio": "2"}, TypeError, "pause_ratio"),
     ],
 )
 def test_bad_batching_arguments_are_refused_before_touching_the_database(
@@ -196,7 +259,8 @@ def test_the_cli_takes_a_time_budget(db: Database) -> None:
             ],
         )
     out, err = io.StringIO(), io.StringIO()
-    argv = ["--days", "30", "--batch-ms", "20", "--pause-ms", "5", "--database-url", db.url]
+    argv = ["--days", "30", "--batch-ms", "20", "--pause-ms", "5", "--pause-percent", "150"]
+    argv += ["--database-url", db.url]
 
     assert cleanup_main(argv, stdout=out, stderr=err) == 0, err.getvalue()
 
@@ -204,6 +268,7 @@ def test_the_cli_takes_a_time_budget(db: Database) -> None:
     for flag, bad in [
         *[("--batch-ms", bad) for bad in ("0", "60001", "1.5", "x")],
         *[("--pause-ms", bad) for bad in ("-1", "60001", "0.5")],
+        *[("--pause-percent", bad) for bad in ("-1", "10001", "1.5")],
     ]:
         code = cleanup_main(["--days", "30", flag, bad, "--database-url", db.url], stderr=err)
         assert code == 2, (flag, bad)

@@ -114,8 +114,8 @@ def delete_in_batches(
         deleted += count
         if full:
             cursors[walker] = edge
-            if sizing.pause:
-                time.sleep(sizing.pause)
+            if pause := sizing.next_pause:
+                time.sleep(pause)
             continue
         if walker or cursors.get(walker) is None:
             # The walker swept up to the cutoff (rows it met locked it waited for), or a

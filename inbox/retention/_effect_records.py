@@ -47,12 +47,17 @@ parameter each (PostgreSQL takes at most 65,535 in one statement)."""
 
 
 def effect_sizing(
-    batch_size: int | None, batch_seconds: float, pause_seconds: float = 0.0
+    batch_size: int | None,
+    batch_seconds: float,
+    pause_seconds: float = 0.0,
+    pause_ratio: float = 0.0,
 ) -> BatchSizing:
     """The batches of effect records (and task results): as for claims, the same pause
     between two, at most :data:`MAX_EFFECT_BATCH` rows."""
     fixed = None if batch_size is None else min(batch_size, MAX_EFFECT_BATCH)
-    return BatchSizing(fixed, batch_seconds, most=MAX_EFFECT_BATCH, pause=pause_seconds)
+    return BatchSizing(
+        fixed, batch_seconds, most=MAX_EFFECT_BATCH, pause=pause_seconds, pause_ratio=pause_ratio
+    )
 
 
 def has_effect_table(engine: Engine, effects: Table) -> bool:

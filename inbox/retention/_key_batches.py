@@ -5,7 +5,7 @@ Each batch is one transaction that selects at most ``sizing.size`` keys and dele
 they name (MySQL and MariaDB take no LIMIT in a subquery of the table being deleted from, so
 the keys travel through Python). A look that finds no key is no batch: it ends the loop and
 is neither counted nor timed. A batch that found fewer keys than it asked for was the last.
-Between two batches the loop sleeps ``sizing.pause`` seconds, as the claims' loop does.
+Between two batches the loop sleeps ``sizing.next_pause`` seconds, as the claims' loop does.
 """
 
 from __future__ import annotations
@@ -48,6 +48,6 @@ def delete_by_keys(
         deleted += len(rows)
         if len(rows) < limit:
             break
-        if sizing.pause:
-            time.sleep(sizing.pause)
+        if pause := sizing.next_pause:
+            time.sleep(pause)
     return deleted, batches, longest

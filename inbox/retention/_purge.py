@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_BATCH_SECONDS",
     "MAX_BATCH_SECONDS",
     "MAX_CLEANUP_BATCH_SIZE",
+    "MAX_PAUSE_RATIO",
     "CleanupReport",
     "cleanup",
     "cutoff_for",
@@ -53,6 +54,8 @@ MAX_CLEANUP_BATCH_SIZE: Final = 1_000_000
 MIN_BATCH_SECONDS: Final = 0.001
 MAX_BATCH_SECONDS: Final = 60.0
 """The bounds of ``batch_seconds`` (``pause_seconds``: 0 to the same)."""
+MAX_PAUSE_RATIO: Final = 100.0
+"""The largest ``pause_ratio``: the purge busy at least 1 % of the time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ def cleanup(
     batch_seconds: float = DEFAULT_BATCH_SECONDS,
     pause_seconds: float = 0.0,
     result_table: str | Table | None = DEFAULT_RESULT_TABLE_NAME,
+    pause_ratio: float = 0.0,
 ) -> CleanupReport:
     """Delete inbox claims whose ``processed_at`` is strictly older than ``now - days``.
 
@@ -118,7 +122,10 @@ def cleanup(
     (0.025 s) at the rate the previous batches achieved (from 2,000 rows, at most twice the
     previous batch, 100 to 100,000 rows); with ``batch_size``, exactly that many rows per
     batch (the last one fewer). ``pause_seconds`` between two batches leaves the server to
-    the workers for that long (a slower purge, shorter waits for the claims beside it).
+    the workers for that long (a slower purge, shorter waits for the claims beside it);
+    ``pause_ratio`` paces it by its own measured batch time instead: after a batch of ``t``
+    seconds it sleeps ``pause_ratio * t`` (the longer of the two pauses when both are given),
+    so on a loaded server, whose batches take longer, the pauses grow with them.
     ``bind`` is an engine or a database URL. The window
     must be longer than the longest time a message can still be redelivered: a deleted claim
     no longer deduplicates. On a table partitioned by :mod:`inbox.partitioning`
@@ -136,6 +143,7 @@ def cleanup(
     """
     cutoff = cutoff_for(days, now)
     _check_batching(batch_size, batch_seconds, pause_seconds)
+    _check_pause_ratio(pause_ratio)
     inbox_table = resolve_table(table)
     effects = None if effect_table is None else resolve_effect_table(effect_table)
     results = None if result_table is None else resolve_result_table(result_table)
@@ -177,10 +185,12 @@ def cleanup(
                 effects,
                 inbox_table,
                 cutoff,
-                effect_sizing(batch_size, batch_seconds, pause_seconds),
+                effect_sizing(batch_size, batch_seconds, pause_seconds, pause_ratio),
             )
         )
-        sizing = BatchSizing(batch_size, batch_seconds, pause=pause_seconds)
+        sizing = BatchSizing(
+            batch_size, batch_seconds, pause=pause_seconds, pause_ratio=pause_ratio
+        )
         if is_partitioned(engine, inbox_table):
             report = _cleanup_partitioned(engine, inbox_table, cutoff, sizing, started)
         else:
@@ -197,7 +207,7 @@ def cleanup(
                 results,
                 inbox_table,
                 cutoff,
-                effect_sizing(batch_size, batch_seconds, pause_seconds),
+                effect_sizing(batch_size, batch_seconds, pause_seconds, pause_ratio),
             )
         )
         return dataclasses.replace(
@@ -224,6 +234,15 @@ def _check_batching(batch_size: int | None, batch_seconds: float, pause_seconds:
             )
     _check_seconds("batch_seconds", batch_seconds, MIN_BATCH_SECONDS)
     _check_seconds("pause_seconds", pause_seconds, 0.0)
+
+
+def _check_pause_ratio(pause_ratio: float) -> None:
+    if isinstance(pause_ratio, bool) or not isinstance(pause_ratio, int | float):
+        raise ConfigurationError(f"pause_ratio must be a number, got {type(pause_ratio).__name__}")
+    if not (math.isfinite(pause_ratio) and 0.0 <= pause_ratio <= MAX_PAUSE_RATIO):
+        raise ConfigurationError(
+            f"pause_ratio must be between 0 and {MAX_PAUSE_RATIO:g}, got {pause_ratio}"
+        )
 
 
 def _check_seconds(name: str, value: float, least: float) -> None:

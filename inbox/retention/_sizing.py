@@ -1,5 +1,6 @@
 """How many rows one batch of a cleanup deletes: a fixed number, or as many as fit a time
-budget, sized from the rate the previous batches achieved (:class:`BatchSizing`)."""
+budget, sized from the rate the previous batches achieved; and how long to pause after it,
+a fixed time or a multiple of the batch's own measured time (:class:`BatchSizing`)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,24 @@ class BatchSizing:
     """The largest batch, fixed or adapted."""
     pause: float = 0.0
     """Seconds to sleep between two batches of a table, leaving the server to the workers."""
+    pause_ratio: float = 0.0
+    """After each batch, sleep this many times as long as the batch took (the longer of
+    this and ``pause``): the purge keeps the server busy a fixed share of the time however
+    slow the batches get on a loaded server."""
     _size: int = 0
     _per_row: float | None = None
+    _pause: float = 0.0
 
     def __post_init__(self) -> None:
         first = self.fixed if self.fixed is not None else FIRST_ADAPTIVE_BATCH
         self._size = min(first, self.most)
+        self._pause = self.pause
+
+    @property
+    def next_pause(self) -> float:
+        """Seconds to sleep before the next batch: ``pause``, or ``pause_ratio`` times the
+        last batch's seconds when that is longer."""
+        return self._pause
 
     @property
     def size(self) -> int:
@@ -57,7 +70,9 @@ class BatchSizing:
         return self._size
 
     def record(self, rows: int, seconds: float) -> None:
-        """A batch deleted ``rows`` in ``seconds`` (its whole transaction): size the next."""
+        """A batch deleted ``rows`` in ``seconds`` (its whole transaction): size the next
+        one and the pause before it."""
+        self._pause = max(self.pause, self.pause_ratio * seconds)
         if self.fixed is not None or rows <= 0 or seconds <= 0:
             return
         per_row = seconds / rows

@@ -37,6 +37,7 @@ from inbox.retention._purge import (
     DEFAULT_BATCH_SECONDS,
     MAX_BATCH_SECONDS,
     MAX_CLEANUP_BATCH_SIZE,
+    MAX_PAUSE_RATIO,
     CleanupReport,
     cleanup,
     cutoff_for,
@@ -93,6 +94,15 @@ def _cleanup_parser() -> UsageParser:
         metavar="MS",
         help="sleep MS milliseconds between two batches, leaving the database to the workers "
         "(default: 0)",
+    )
+    parser.add_argument(
+        "--pause-percent",
+        type=whole_number(0, round(MAX_PAUSE_RATIO * 100)),
+        default=0,
+        metavar="P",
+        help="after each batch, sleep P%% of the time it took (200: twice as long), so the "
+        "pauses grow when a loaded server slows the batches; the longer of this and "
+        "--pause-ms (default: 0)",
     )
     parser.add_argument(
         "--table", default=DEFAULT_TABLE_NAME, help="inbox table, NAME or SCHEMA.NAME"
@@ -206,6 +216,7 @@ def _clean_database(url: URL, where: str, args: argparse.Namespace) -> list[str]
                 batch_size=args.batch_size,
                 batch_seconds=args.batch_ms / 1000,
                 pause_seconds=args.pause_ms / 1000,
+                pause_ratio=args.pause_percent / 100,
                 dry_run=args.dry_run,
                 table=target.table,
                 effect_table=target.effect_table,

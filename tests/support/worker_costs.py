@@ -18,6 +18,7 @@ import gc
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import amqp
@@ -96,10 +97,14 @@ def plain_run(sessions: sessionmaker[Session], url: str, queue: str, count: int)
     return counted
 
 
-def worker_run(sessions: sessionmaker[Session], url: str, queue: str, count: int) -> Counted:
+def worker_run(
+    sessions: sessionmaker[Session], url: str, queue: str, count: int, batch_size: int = 1
+) -> Counted:
     counted = Counted()
     inbox = Inbox(sessions)
-    worker = Worker(inbox, url, [queue], prefetch=PREFETCH, stats_interval=None)
+    worker = Worker(
+        inbox, url, [queue], prefetch=PREFETCH, batch_size=batch_size, stats_interval=None
+    )
     done = [0]
 
     @inbox.handler("order.created", name="writer")
@@ -135,15 +140,22 @@ def per_delivery(
 
 
 def measure(postgres_url: str, amqp_url: str, prefix: str) -> dict[str, Any]:
-    """``{"worker/first": {"plain": {...}, "inbox": {...}}}``, per delivery."""
+    """``{"worker/first": {"plain": {...}, "inbox": {...}}, "worker/batch": ...}``, per
+    delivery; "worker/batch" is the worker with ``batch_size`` = the prefetch (100)."""
     engine = create_engine(postgres_url)
     business.create_all(engine)
     inbox_metadata.create_all(engine)
     sessions = sessionmaker(engine)
     plain = per_delivery(plain_run, sessions, amqp_url, f"{prefix}.plain")
     inbox = per_delivery(worker_run, sessions, amqp_url, f"{prefix}.inbox")
+    batch = per_delivery(
+        partial(worker_run, batch_size=PREFETCH), sessions, amqp_url, f"{prefix}.batch"
+    )
     engine.dispose()
-    return {"worker/first": {"plain": plain, "inbox": inbox}}
+    return {
+        "worker/first": {"plain": plain, "inbox": inbox},
+        "worker/batch": {"plain": plain, "inbox": batch},
+    }
 
 
 if __name__ == "__main__":

@@ -200,10 +200,11 @@ def archive_table(
     metadata: MetaData, name: str = DEFAULT_ARCHIVE_TABLE_NAME, *, schema: str | None = None
 ) -> Table:
     """Define a dead-letter archive table on ``metadata``: the dead letters an operator
-    archived (``inbox dlq purge``, the console's *Archive*) instead of deleting them, each
-    with its queue, body, headers and properties (JSON), why it was dead-lettered, and when
-    and by whom it was archived; restored (replayed) or deleted from there, and deleted by
-    ``inbox-cleanup --archive-days`` after that many days."""
+    archived (``inbox dlq archive``, ``inbox dlq purge --archive``, the console's *Archive*)
+    instead of deleting them, each with its queue, body, headers and properties (JSON),
+    why it was dead-lettered, and when and by whom it was archived; restored (replayed) or
+    deleted from there, and deleted by ``inbox-cleanup --archive-days`` after that many
+    days."""
     _check_identifiers("archive", name, schema)
     return Table(
         name,

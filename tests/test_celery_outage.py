@@ -44,21 +44,23 @@ def test_a_task_whose_database_is_unusable_waits_with_a_growing_countdown_then_r
 ) -> None:
     broker_url, queue, dead_letters = broker
     log = tmp_path / "worker.log"
-    with sender(broker_url, queue, pg_db, monkeypatch) as app:
-        with worker(broker_url, queue, pg_db, tmp_path, log=log):
-            app.record.delay("before")  # the worker is up (its start check passed)
-            until(lambda: pg_db.effect_counts() == {("before", "ct.record"): 1}, "a first run")
-            drop_claims(pg_db)
-            started = time.monotonic()
-            app.record.delay("waits")
-            until(lambda: log.read_text().count(WAIT_LINE) >= 2, "the task to come back")
-            time.sleep(max(0.0, 8.0 - (time.monotonic() - started)))
-            waits = log.read_text().count(WAIT_LINE)
-            elapsed = time.monotonic() - started
-            assert pg_db.effect_counts() == {("before", "ct.record"): 1}
-            inbox_metadata.create_all(pg_db.engine)  # the migration is run
-            until(lambda: ("waits", "ct.record") in pg_db.effect_counts(), "the task to run")
-            time.sleep(2)  # room for a second run to show
+    with (
+        sender(broker_url, queue, pg_db, monkeypatch) as app,
+        worker(broker_url, queue, pg_db, tmp_path, log=log),
+    ):
+        app.record.delay("before")  # the worker is up (its start check passed)
+        until(lambda: pg_db.effect_counts() == {("before", "ct.record"): 1}, "a first run")
+        drop_claims(pg_db)
+        started = time.monotonic()
+        app.record.delay("waits")
+        until(lambda: log.read_text().count(WAIT_LINE) >= 2, "the task to come back")
+        time.sleep(max(0.0, 8.0 - (time.monotonic() - started)))
+        waits = log.read_text().count(WAIT_LINE)
+        elapsed = time.monotonic() - started
+        assert pg_db.effect_counts() == {("before", "ct.record"): 1}
+        inbox_metadata.create_all(pg_db.engine)  # the migration is run
+        until(lambda: ("waits", "ct.record") in pg_db.effect_counts(), "the task to run")
+        time.sleep(2)  # room for a second run to show
     # Delivered at 0, 1, 3, 7 s...: a hot loop would have come back hundreds of times.
     assert 2 <= waits <= 5, f"{waits} deliveries in {elapsed:.1f} s"
     assert pg_db.effect_counts() == {("before", "ct.record"): 1, ("waits", "ct.record"): 1}

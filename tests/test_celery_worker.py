@@ -62,6 +62,7 @@ def worker(
     queue: str,
     db: Database,
     markers: Path,
+    *,
     backend: str | None = None,
     log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
@@ -81,9 +82,7 @@ def worker(
     command += ["-c", "2", "-Q", queue, "-l", "warning", "--without-heartbeat"]
     command += ["--without-mingle", "--without-gossip", "-n", f"w-{uuid.uuid4().hex[:8]}@%h"]
     errors = None if log is None else log.open("ab")
-    process = subprocess.Popen(
-        command, cwd=TESTS, env=env, start_new_session=True, stderr=errors
-    )
+    process = subprocess.Popen(command, cwd=TESTS, env=env, start_new_session=True, stderr=errors)
     try:
         yield process
     finally:

@@ -2,12 +2,13 @@
 Celery acks it, stores its result or sends the next step. Real prefork workers
 (subprocesses) on RabbitMQ, PostgreSQL, a Redis result backend (a chord needs one).
 
-The chain is checked with a kill of the pool child and of the worker's main process; the
-chord only with a kill of the pool child. A main-process kill orphans the pool child, which
-goes on to report its chord part and may claim the chord's callback dispatch (Celery 5.7's
-Redis backend); the harness then kills the orphan, and if that lands between the claim and
-the publish, the redelivered part finds the claim taken and nobody sends the callback
-(docs/celery.md, "Not done yet")."""
+The chain and the chord are checked with a kill of the pool child and of the worker's main
+process. A main-process kill orphans the pool child, which goes on to report its chord part
+and may claim the chord's callback dispatch (Celery 5.7's Redis backend); the harness then
+kills the orphan. The test with the main process killed makes that land between the claim
+and the publish every time (the process about to publish the chord's body dies first): the
+redelivered part finds the claim taken, and its recheck (inbox.celery._chords) sends the
+callback once the dead process's lease has passed."""
 
 from __future__ import annotations
 
@@ -39,13 +40,19 @@ def step_values(db: Database) -> dict[str, str]:
 
 
 def run_to_the_end(
-    db: Database, tmp_path: Path, area: Rabbit, queue: str, settled: Callable[[], bool]
+    db: Database,
+    tmp_path: Path,
+    area: Rabbit,
+    queue: str,
+    settled: Callable[[], bool],
+    *,
+    within: float = 60,
 ) -> None:
     """Workers, one after the other (a killed main process takes its worker down: the next
     one gets the unacked deliveries back), until every expected commit is made and every
     message of the queue (a redelivered step, a second next step if one was sent) is acked
     by a live worker: nothing is left that could commit again."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + within
     done = False
     while not done:
         assert time.monotonic() < deadline, f"not settled: {db.effect_counts()}"
@@ -102,3 +109,30 @@ def test_a_chord_header_step_killed_after_its_commit_is_counted_once(
     values = step_values(pg_db)
     collected = {value: n for (value, task), n in counts.items() if task == "ct.collect"}
     assert collected == {values["c1"]: 1, values["c2"]: 1}, "the chord counted each once"
+
+
+def test_a_chord_whose_dispatcher_dies_after_a_main_process_kill_sends_its_callback_once(
+    pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INBOX_CELERY_BACKEND", BACKEND)
+    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), pg_db, monkeypatch) as app:
+        (tmp_path / "killmain-d1").touch()
+        (tmp_path / "diepublish-collect").touch()  # whoever dispatches first dies holding it
+        chord([app.step.s("d1"), app.step.s("d2")], app.collect.s()).delay()
+        run_to_the_end(
+            pg_db,
+            tmp_path,
+            area,
+            area.queue("celery"),
+            lambda: committed(pg_db, "ct.collect") >= 2,
+            within=120,
+        )
+    assert not (tmp_path / "diepublish-collect").exists(), "a dispatcher died holding the claim"
+    counts = pg_db.effect_counts()
+    assert counts[("d1", "ct.step")] == 1
+    assert counts[("d2", "ct.step")] == 1
+    values = step_values(pg_db)
+    collected = {value: n for (value, task), n in counts.items() if task == "ct.collect"}
+    assert collected == {values["d1"]: 1, values["d2"]: 1}, "the chord counted each once"
+    published = (tmp_path / "published-collect").read_text().splitlines()
+    assert len(published) == 1, f"the callback was published {len(published)} times"

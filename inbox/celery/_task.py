@@ -21,6 +21,7 @@ from celery.exceptions import Retry
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
+from inbox.celery._chords import recheck_later
 from inbox.celery._dead_letters import CELERY_CONTROL, settle_failure
 from inbox.celery._outage import database_unusable, wait_for_database
 from inbox.celery._results import load_result, store_result
@@ -130,7 +131,10 @@ class InboxTask(Task):
             raise
         else:
             if result.outcomes.get(name) is Outcome.DUPLICATE:
-                return _stored_result(self, binding, message.body.claim_key)
+                value = _stored_result(self, binding, message.body.claim_key)
+                if self.request.chord:  # a chord part again: its dispatch may have died
+                    recheck_later(self, value)
+                return value
             return message.body.returned
         # Failed for good (Celery's retries are over, or there are none for this error):
         # a dead letter on <queue>.dlq, then Celery sees the task's own exception.

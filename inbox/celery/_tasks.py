@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
-from inbox.celery import _beat
+from inbox.celery import _beat, _chords
 from inbox.celery._poison import PoisonLetters
 from inbox.celery._results import DEFAULT_MAX_RESULT_BYTES
 from inbox.celery._settings import schema_problems, setting_problems
@@ -73,6 +73,7 @@ class InboxTasks:
         self._names: list[str] = []
         self._keys: dict[str, TaskKey | None] = {}
         app.steps["consumer"].add(PoisonLetters)
+        _chords.register(app)
         signals.worker_init.connect(self._check_worker, weak=False)
         signals.worker_process_init.connect(self._after_fork, weak=False)
 

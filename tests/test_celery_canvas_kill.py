@@ -71,6 +71,31 @@ def run_to_the_end(
     assert not list(tmp_path.glob("kill*-*")), "the kill happened"
 
 
+def run_chord_to_the_end(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refs: tuple[str, str]
+) -> None:
+    """A chord of two steps (``refs``) and ``ct.collect``, run to the end; each step
+    committed once, each value collected once, the callback published once."""
+    monkeypatch.setenv("INBOX_CELERY_BACKEND", BACKEND)  # a chord needs a result backend
+    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), db, monkeypatch) as app:
+        chord([app.step.s(ref) for ref in refs], app.collect.s()).delay()
+        run_to_the_end(
+            db,
+            tmp_path,
+            area,
+            area.queue("celery"),
+            lambda: committed(db, "ct.collect") >= len(refs),
+            within=120,
+        )
+    counts = db.effect_counts()
+    assert all(counts[(ref, "ct.step")] == 1 for ref in refs)
+    values = step_values(db)
+    collected = {value: n for (value, task), n in counts.items() if task == "ct.collect"}
+    assert collected == {values[ref]: 1 for ref in refs}, "the chord counted each once"
+    published = (tmp_path / "published-collect").read_text().splitlines()
+    assert len(published) == 1, f"the callback was published {len(published)} times"
+
+
 @pytest.mark.parametrize("victim", ["kill", "killmain"])
 def test_a_chain_step_killed_after_its_commit_feeds_the_next_step_its_first_value(
     victim: str, pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -92,47 +117,14 @@ def test_a_chain_step_killed_after_its_commit_feeds_the_next_step_its_first_valu
 def test_a_chord_header_step_killed_after_its_commit_is_counted_once(
     pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("INBOX_CELERY_BACKEND", BACKEND)  # a chord needs a result backend
-    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), pg_db, monkeypatch) as app:
-        (tmp_path / "kill-c1").touch()
-        chord([app.step.s("c1"), app.step.s("c2")], app.collect.s()).delay()
-        run_to_the_end(
-            pg_db,
-            tmp_path,
-            area,
-            area.queue("celery"),
-            lambda: committed(pg_db, "ct.collect") >= 2,
-        )
-    counts = pg_db.effect_counts()
-    assert counts[("c1", "ct.step")] == 1
-    assert counts[("c2", "ct.step")] == 1
-    values = step_values(pg_db)
-    collected = {value: n for (value, task), n in counts.items() if task == "ct.collect"}
-    assert collected == {values["c1"]: 1, values["c2"]: 1}, "the chord counted each once"
+    (tmp_path / "kill-c1").touch()
+    run_chord_to_the_end(pg_db, tmp_path, monkeypatch, ("c1", "c2"))
 
 
 def test_a_chord_whose_dispatcher_dies_after_a_main_process_kill_sends_its_callback_once(
     pg_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("INBOX_CELERY_BACKEND", BACKEND)
-    with rabbit_area() as area, sender(AMQP_URL, area.queue("celery"), pg_db, monkeypatch) as app:
-        (tmp_path / "killmain-d1").touch()
-        (tmp_path / "diepublish-collect").touch()  # whoever dispatches first dies holding it
-        chord([app.step.s("d1"), app.step.s("d2")], app.collect.s()).delay()
-        run_to_the_end(
-            pg_db,
-            tmp_path,
-            area,
-            area.queue("celery"),
-            lambda: committed(pg_db, "ct.collect") >= 2,
-            within=120,
-        )
+    (tmp_path / "killmain-d1").touch()
+    (tmp_path / "diepublish-collect").touch()  # whoever dispatches first dies holding it
+    run_chord_to_the_end(pg_db, tmp_path, monkeypatch, ("d1", "d2"))
     assert not (tmp_path / "diepublish-collect").exists(), "a dispatcher died holding the claim"
-    counts = pg_db.effect_counts()
-    assert counts[("d1", "ct.step")] == 1
-    assert counts[("d2", "ct.step")] == 1
-    values = step_values(pg_db)
-    collected = {value: n for (value, task), n in counts.items() if task == "ct.collect"}
-    assert collected == {values["d1"]: 1, values["d2"]: 1}, "the chord counted each once"
-    published = (tmp_path / "published-collect").read_text().splitlines()
-    assert len(published) == 1, f"the callback was published {len(published)} times"

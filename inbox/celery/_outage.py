@@ -4,13 +4,13 @@ When the inbox's database cannot be used (its tables missing or at an older revi
 server unreachable, a session the inbox cannot own), rejecting the task back to its queue
 would bring it back at once, forever. Instead the task is not run: it is sent again under
 the same task id with a countdown that doubles on each wait (1 s, 2 s, 4 s... at most
-:data:`LONGEST_WAIT`), carrying the number of waits in the header :data:`OUTAGE_WAITS`, and
-the delivery in hand is acked once the broker took the new one. Celery's ``retries`` is
-left as it was: a wait is not one of the task's ``max_retries``. Each wait logs one error
-line on ``inbox.celery`` naming the task, the error and the fix, and counts an
-``inbox.retries`` with the reason :data:`DATABASE_UNUSABLE`. When the database answers, the
-task runs once (a second copy, sent by a wait whose worker died before its ack, is a
-duplicate of the same claim).
+:data:`LONGEST_WAIT`, or half the Redis ``visibility_timeout``), carrying the number of
+waits in the header :data:`OUTAGE_WAITS`, and the delivery in hand is acked once the broker
+took the new one. Celery's ``retries`` is left as it was: a wait is not one of the task's
+``max_retries``. Each wait logs one error line on ``inbox.celery`` naming the task, the
+error and the fix, and counts an ``inbox.retries`` with the reason
+:data:`DATABASE_UNUSABLE`. When the database answers, the task runs once (a second copy,
+sent by a wait whose worker died before its ack, is a duplicate of the same claim).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from celery.exceptions import Ignore, Reject
 from sqlalchemy.exc import DBAPIError
 
 from inbox._backends import is_missing_table
+from inbox.celery._settings import REDIS_DEFAULT_VISIBILITY_TIMEOUT, driver
 from inbox.core._startup import MIGRATE_HINT, SchemaNotReady, server_unreachable
 from inbox.delivery import headers as h
 from inbox.errors import SETUP_ERRORS, HandlerFailed
@@ -75,7 +76,7 @@ def wait_for_database(task: Any, error: BaseException, fix: str) -> NoReturn:
         raise error
     headers = dict(request.headers or {})
     waits = _waits(request, headers)
-    countdown = min(FIRST_WAIT * 2**waits, LONGEST_WAIT)
+    countdown = min(FIRST_WAIT * 2**waits, _longest_wait(task.app))
     queue = (request.delivery_info or {}).get("routing_key") or task.app.conf.task_default_queue
     logger.error(
         "inbox task %r [%s]: its database is unusable (%s); not run, sent again in %g s "
@@ -107,6 +108,17 @@ def wait_for_database(task: Any, error: BaseException, fix: str) -> NoReturn:
         tries=waits + 1,
     )
     raise Ignore()
+
+
+def _longest_wait(app: Any) -> float:
+    """:data:`LONGEST_WAIT`, or on Redis half the ``visibility_timeout`` when that is
+    shorter: a delayed task held longer than the timeout would be delivered a second time
+    while it waits (and each copy would send another)."""
+    if driver(app) != "redis":
+        return LONGEST_WAIT
+    options = app.conf.broker_transport_options or {}
+    visibility = float(options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY_TIMEOUT))
+    return max(FIRST_WAIT, min(LONGEST_WAIT, visibility / 2))
 
 
 def _waits(request: Any, headers: dict[str, Any]) -> int:

@@ -29,7 +29,12 @@ from inbox import Inbox
 from inbox.celery._results import task_result_table
 from inbox.core._startup import SchemaNotReady, wait_for_schema, worker_tables
 
-__all__ = ["REDIS_DEFAULT_VISIBILITY_TIMEOUT", "schema_problems", "setting_problems"]
+__all__ = [
+    "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
+    "driver",
+    "schema_problems",
+    "setting_problems",
+]
 
 REDIS_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600  # kombu's Redis transport default, seconds
 
@@ -39,7 +44,7 @@ def setting_problems(app: Any, tasks: Iterable[Any]) -> list[str]:
     exactly-once; empty when all is well."""
     problems: list[str] = []
     conf = app.conf
-    on_redis = _driver(app) == "redis"
+    on_redis = driver(app) == "redis"
     visibility = float(
         (conf.broker_transport_options or {}).get(
             "visibility_timeout", REDIS_DEFAULT_VISIBILITY_TIMEOUT
@@ -77,7 +82,8 @@ def setting_problems(app: Any, tasks: Iterable[Any]) -> list[str]:
     return problems
 
 
-def _driver(app: Any) -> str:
+def driver(app: Any) -> str:
+    """The transport of ``app``'s broker (``amqp``, ``redis``...), without connecting."""
     # Making a Connection object does not connect.
     with app.connection_for_read() as connection:
         return str(connection.transport.driver_type)

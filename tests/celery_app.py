@@ -9,6 +9,9 @@ A marker file ``<markers>/kill-<ref>`` makes the pool child that just committed 
 for ``ref`` kill itself with SIGKILL (once: the file is removed first), after the commit and
 before Celery acks the message, stores its result or sends a chain's next step;
 ``<markers>/killmain-<ref>`` makes it kill the worker's main process instead.
+``<markers>/diepublish-collect`` makes the process about to publish the chord body
+``ct.collect`` kill itself first (once), as a host crash would, holding the chord's dispatch
+claim; each publish of it that goes ahead adds a line to ``<markers>/published-collect``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 from support.databases import effects
@@ -60,6 +63,22 @@ class KilledAfterCommit(InboxTask):
                 continue
             os.kill(victim, signal.SIGKILL)
         return value
+
+
+def die_in_publish(sender: str | None = None, **_: Any) -> None:
+    """See the module's docstring: ``diepublish-collect`` and ``published-collect``."""
+    if sender != "ct.collect":
+        return
+    try:
+        (MARKERS / "diepublish-collect").unlink()
+    except FileNotFoundError:
+        with (MARKERS / "published-collect").open("a") as published:
+            published.write(f"{os.getpid()}\n")
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+signals.before_task_publish.connect(die_in_publish, weak=False)
 
 
 def write(session: Session, ref: str, handler: str) -> None:

@@ -58,10 +58,17 @@ def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, DeadLette
 
 @contextmanager
 def worker(
-    broker_url: str, queue: str, db: Database, markers: Path, backend: str | None = None
+    broker_url: str,
+    queue: str,
+    db: Database,
+    markers: Path,
+    *,
+    backend: str | None = None,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A prefork worker (2 children) consuming ``queue``; it and every process of its group
-    (a pool child orphaned by a killed main process too) are gone on exit."""
+    """A prefork worker (2 children) consuming ``queue``, its standard error written to
+    ``log`` when given; it and every process of its group (a pool child orphaned by a killed
+    main process too) are gone on exit."""
     env = {
         **os.environ,
         "INBOX_CELERY_BROKER": broker_url,
@@ -74,7 +81,8 @@ def worker(
     command = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "--pool=prefork"]
     command += ["-c", "2", "-Q", queue, "-l", "warning", "--without-heartbeat"]
     command += ["--without-mingle", "--without-gossip", "-n", f"w-{uuid.uuid4().hex[:8]}@%h"]
-    process = subprocess.Popen(command, cwd=TESTS, env=env, start_new_session=True)
+    errors = None if log is None else log.open("ab")
+    process = subprocess.Popen(command, cwd=TESTS, env=env, start_new_session=True, stderr=errors)
     try:
         yield process
     finally:
@@ -84,6 +92,8 @@ def worker(
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        if errors is not None:
+            errors.close()
 
 
 def until(condition: Callable[[], bool], what: str) -> None:
@@ -232,9 +242,12 @@ def test_a_real_worker_refuses_to_start_with_one_line_per_setting_problem(
         "from sqlalchemy.orm import sessionmaker\n"
         "from inbox import Inbox\n"
         "from inbox.celery import InboxTasks\n"
+        "from inbox.schema import metadata\n"
         "app = Celery('refused_app', broker='redis://127.0.0.1:6379/5')\n"
         "app.conf.worker_prefetch_multiplier = 1\n"
-        "sessions = sessionmaker(create_engine('sqlite://'))\n"
+        "engine = create_engine('sqlite://')\n"
+        "metadata.create_all(engine)  # the tables are there: only the settings are wrong\n"
+        "sessions = sessionmaker(engine)\n"
         "tasks = InboxTasks(app, Inbox(sessions), sessions)\n"
         "@tasks.task(name='r.early', acks_late=False, time_limit=30)\n"
         "def early(session): ...\n"

@@ -7,7 +7,9 @@ from typing import Any, Final
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from inbox.celery._outage import wait_for_database
 from inbox.celery._transport import CeleryTransport
+from inbox.delivery import headers as h
 from inbox.delivery._settling import Settling
 from inbox.delivery._stats import WorkerStats
 from inbox.delivery.topology import RetryPolicy
@@ -30,8 +32,8 @@ _NO_RETRIES: Final = RetryPolicy(delays=(), max_tries=1)
 def settle_failure(task: Any, message: Message, failure: BaseException) -> None:
     """Hand a task that failed for good (``failure``: what the inbox raised) to the shell:
     a dead letter on ``<queue>.dlq`` with the inbox's reason headers, or, for a
-    configuration error, the delivery rejected back to its queue. Nothing happens in eager
-    mode or for a direct call (no broker message)."""
+    configuration error, the delivery sent again later (:func:`wait_for_database`).
+    Nothing happens in eager mode or for a direct call (no broker message)."""
     request = task.request
     if request.is_eager or request.id is None or request.called_directly:
         return
@@ -42,5 +44,5 @@ def settle_failure(task: Any, message: Message, failure: BaseException) -> None:
 
     settling = Settling(WorkerStats(), _NO_RETRIES, logger)
     deliver(transport, request, settling, failed, default_content_type=None)
-    if transport.given_back:
-        raise Reject(failure, requeue=True)
+    if transport.given_back:  # a configuration error: sent again later, not at once
+        wait_for_database(task, failure, f"fix the configuration ({h.describe(failure)})")

@@ -11,6 +11,10 @@ Each problem is one line naming the task, the setting and the fix. What they gua
   while the first run may still hold its claim; the prefetched tasks a worker holds count
   toward that timeout, hence ``worker_prefetch_multiplier = 1`` and a ``time_limit`` below
   the timeout.
+
+And the database: a worker whose inbox tables are missing, or at an older revision than this
+version of the library needs, would take tasks it cannot run (each then waits for the
+database: :mod:`inbox.celery._outage`); it refuses to start instead.
 """
 
 from __future__ import annotations
@@ -18,7 +22,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
-__all__ = ["REDIS_DEFAULT_VISIBILITY_TIMEOUT", "setting_problems"]
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from inbox import Inbox
+from inbox.celery._results import task_result_table
+from inbox.core._startup import SchemaNotReady, wait_for_schema, worker_tables
+
+__all__ = [
+    "REDIS_DEFAULT_VISIBILITY_TIMEOUT",
+    "driver",
+    "schema_problems",
+    "setting_problems",
+]
 
 REDIS_DEFAULT_VISIBILITY_TIMEOUT: Final = 3600  # kombu's Redis transport default, seconds
 
@@ -28,7 +44,7 @@ def setting_problems(app: Any, tasks: Iterable[Any]) -> list[str]:
     exactly-once; empty when all is well."""
     problems: list[str] = []
     conf = app.conf
-    on_redis = _driver(app) == "redis"
+    on_redis = driver(app) == "redis"
     visibility = float(
         (conf.broker_transport_options or {}).get(
             "visibility_timeout", REDIS_DEFAULT_VISIBILITY_TIMEOUT
@@ -66,7 +82,28 @@ def setting_problems(app: Any, tasks: Iterable[Any]) -> list[str]:
     return problems
 
 
-def _driver(app: Any) -> str:
+def driver(app: Any) -> str:
+    """The transport of ``app``'s broker (``amqp``, ``redis``...), without connecting."""
     # Making a Connection object does not connect.
     with app.connection_for_read() as connection:
         return str(connection.transport.driver_type)
+
+
+def schema_problems(engine: Engine, inbox: Inbox) -> list[str]:
+    """One line when the inbox's tables behind ``engine`` (its claims, its effects, the task
+    results) are missing, incomplete or at an older revision, or the database does not
+    answer (tried for about 12 s); empty when they are ready. The engine's pool is emptied
+    afterwards: no connection is left for a fork to copy."""
+    try:
+        wait_for_schema(engine, [*worker_tables(inbox), task_result_table])
+    except SchemaNotReady as exc:
+        return [f"the inbox's database is not ready: {exc}"]
+    except DBAPIError as exc:
+        return [
+            f"the inbox's database cannot be used ({type(exc.orig or exc).__name__}: "
+            f"{str(exc.orig or exc).strip().splitlines()[0]}); fix: check the database URL, "
+            "the role's rights and that the server is up"
+        ]
+    finally:
+        engine.dispose()
+    return []

@@ -21,7 +21,9 @@ from celery.exceptions import Retry
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
+from inbox.celery._chords import recheck_later
 from inbox.celery._dead_letters import CELERY_CONTROL, settle_failure
+from inbox.celery._outage import database_unusable, wait_for_database
 from inbox.celery._results import load_result, store_result
 from inbox.core._handlers import RegisteredHandler
 from inbox.errors import ConfigurationError, HandlerFailed, InvalidBody, InvalidKey
@@ -118,13 +120,21 @@ class InboxTask(Task):
                 if isinstance(failure, Retry):
                     _record_retry(self)
                 raise failure from None
+            if fix := database_unusable(exc):
+                wait_for_database(self, failure, fix)
             decided = exc
         except (InvalidKey, InvalidBody) as exc:
             failure = decided = exc
+        except Exception as exc:  # a setup error, raised as itself before any handler ran
+            if fix := database_unusable(exc):
+                wait_for_database(self, exc, fix)
+            raise
         else:
             if result.outcomes.get(name) is Outcome.DUPLICATE:
-                with binding.sessions() as session:
-                    return load_result(session, message.body.claim_key, name)
+                value = _stored_result(self, binding, message.body.claim_key)
+                if self.request.chord:  # a chord part again: its dispatch may have died
+                    recheck_later(self, value)
+                return value
             return message.body.returned
         # Failed for good (Celery's retries are over, or there are none for this error):
         # a dead letter on <queue>.dlq, then Celery sees the task's own exception.
@@ -132,6 +142,18 @@ class InboxTask(Task):
         # transaction is dead-lettered with its own reason, not as handler-failed.
         settle_failure(self, message, decided)
         raise failure
+
+
+def _stored_result(task: InboxTask, binding: TaskBinding, claim_key: bytes) -> Any:
+    """What the first run of a duplicate's claim returned; a database that cannot be read
+    makes the task wait for it, as any other task would."""
+    try:
+        with binding.sessions() as session:
+            return load_result(session, claim_key, task.name)
+    except Exception as exc:
+        if fix := database_unusable(exc):
+            wait_for_database(task, exc, fix)
+        raise
 
 
 def _check_arguments(

@@ -12,10 +12,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from inbox import Inbox
-from inbox.celery import _beat
+from inbox.celery import _beat, _chords
 from inbox.celery._poison import PoisonLetters
 from inbox.celery._results import DEFAULT_MAX_RESULT_BYTES
-from inbox.celery._settings import setting_problems
+from inbox.celery._settings import schema_problems, setting_problems
 from inbox.celery._task import InboxTask, TaskBinding, TaskCall, current_session, run_body
 from inbox.errors import ConfigurationError
 from inbox.message import Message
@@ -37,8 +37,9 @@ class InboxTasks:
     so no pooled connection crosses a fork. ``max_result_bytes`` bounds a return value's
     JSON (a task may lower or raise it).
 
-    Making one connects two worker signals for ``app``: the settings check at
-    ``worker_init`` (the worker refuses to start, one line per problem: see
+    Making one connects two worker signals for ``app``: the settings and schema check at
+    ``worker_init`` (the worker refuses to start, one line per problem, when a setting is
+    against an inbox task or the inbox's tables are missing or at an older revision: see
     :mod:`inbox.celery._settings`) and the engine disposal; and adds a consumer bootstep
     that dead-letters the messages Celery refuses before any task runs
     (:mod:`inbox.celery._poison`).
@@ -67,10 +68,12 @@ class InboxTasks:
         self._max_result_bytes = max_result_bytes
         with session_factory() as session:  # a new session does not connect
             bind = session.get_bind()
+        self._bind = bind if isinstance(bind, Engine) else None
         self._engines = _unique([bind, *engines] if isinstance(bind, Engine) else [*engines])
         self._names: list[str] = []
         self._keys: dict[str, TaskKey | None] = {}
         app.steps["consumer"].add(PoisonLetters)
+        _chords.register(app)
         signals.worker_init.connect(self._check_worker, weak=False)
         signals.worker_process_init.connect(self._after_fork, weak=False)
 
@@ -187,6 +190,8 @@ class InboxTasks:
         if getattr(sender, "app", None) is not self.app:
             return
         problems = self.problems()
+        if self._bind is not None and self._names:
+            problems += schema_problems(self._bind, self.inbox)
         if problems:
             # SystemExit, because Celery logs and ignores what a signal receiver raises.
             raise SystemExit(

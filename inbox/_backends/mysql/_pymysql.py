@@ -38,11 +38,12 @@ from pymysql.connections import Connection as PyMySQLConnection
 from pymysql.constants import CLIENT, COMMAND, SERVER_STATUS
 from sqlalchemy import Connection
 
-from inbox._backends._base import Claimed, ClaimRow, TransactionState
+from inbox._backends._base import Claimed, ClaimRow, TransactionState, statement_listeners
 from inbox._backends._claims import Claims
-from inbox._backends.mysql._backend import MySQLBackend
+from inbox._backends.mysql._backend import _ABORTED_BY, MySQLBackend
+from inbox._backends.mysql._claim import DriverClaim
 
-__all__ = ["PyMySQLBackend", "still_open", "watch"]
+__all__ = ["PyMySQLBackend", "ending", "still_open", "watch"]
 
 _IN_TRANS: Final = SERVER_STATUS.SERVER_STATUS_IN_TRANS
 _NOT_PLAIN: Final = (
@@ -102,16 +103,72 @@ def still_open(driver: Any) -> bool:
     return bool(status & _IN_TRANS) and not status & _NOT_PLAIN and driver._result is not None
 
 
+class _Ending(PyMySQLConnection):  # type: ignore[misc]
+    """A PyMySQL connection whose next command is the inbox's ``COMMIT`` or ``ROLLBACK``:
+    if the server answers that no transaction is open, the ``ROLLBACK`` the pool sends as
+    the connection goes back to it is answered here, without a round trip. Any other
+    command first turns this off (back to PyMySQL's own class)."""
+
+    def _execute_command(self, command: int, sql: Any) -> Any:
+        self.__class__ = PyMySQLConnection
+        return PyMySQLConnection._execute_command(self, command, sql)
+
+    def commit(self) -> None:
+        self.__class__ = PyMySQLConnection
+        PyMySQLConnection.commit(self)
+        if not self.server_status & _IN_TRANS:
+            self.__class__ = _Ended
+
+    def rollback(self) -> None:
+        self.__class__ = PyMySQLConnection
+        PyMySQLConnection.rollback(self)
+        if not self.server_status & _IN_TRANS:
+            self.__class__ = _Ended
+
+
+class _Ended(PyMySQLConnection):  # type: ignore[misc]
+    """Right after the server said that the inbox's ``COMMIT`` or ``ROLLBACK`` left no
+    transaction open: a ``ROLLBACK`` now would change nothing on the server (no transaction,
+    so no lock, no write to undo), and is not sent. Any command turns this off."""
+
+    def _execute_command(self, command: int, sql: Any) -> Any:
+        self.__class__ = PyMySQLConnection
+        return PyMySQLConnection._execute_command(self, command, sql)
+
+    def rollback(self) -> None:
+        self.__class__ = PyMySQLConnection
+        if self.server_status & _IN_TRANS:
+            PyMySQLConnection.rollback(self)
+
+
+def ending(driver: Any) -> None:
+    """The inbox's next command on ``driver`` ends its transaction: watch its answer (see
+    :class:`_Ending`); only on exactly PyMySQL's class, or a watched one."""
+    if driver.__class__ is PyMySQLConnection or driver.__class__ is _Watched:
+        driver.__class__ = _Ending
+
+
 class PyMySQLBackend(MySQLBackend):
-    """PyMySQL: the claim through SQLAlchemy, then the transaction watched until the check,
-    which is then answered without reading the claim row."""
+    """PyMySQL: the claim on the driver's connection, then the transaction watched until the
+    check, which is then answered without reading the claim row; no ``ROLLBACK`` sent when
+    the pool takes the connection back after the inbox ended its transaction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._claim = DriverClaim()
 
     def begin_and_claim(self, connection: Connection, claims: Claims, row: ClaimRow) -> Claimed:
-        """The claim through SQLAlchemy; a won claim's connection watched from here on."""
-        self.before_claims(connection)
-        if not claims.claim(connection, *row):
-            return Claimed(False, marked=False, alone=False)
+        """The claim on PyMySQL's connection (through SQLAlchemy for a subclass of it, or
+        where statement listeners would see it); a won claim's connection watched from here
+        on."""
+        connection.info.pop(_ABORTED_BY, None)  # before_claims, written out
         driver = connection.connection.dbapi_connection
+        if driver.__class__ is PyMySQLConnection and not statement_listeners(connection):
+            won_it = self._claim.claim(connection, driver, claims.table, row)
+        else:
+            won_it = claims.claim(connection, *row)
+        if not won_it:
+            return Claimed(False, marked=False, alone=False)
         if watch(driver):
             return Claimed(True, marked=True, alone=False, handle=driver)
         return Claimed(True, marked=False, alone=False)
@@ -127,11 +184,12 @@ class PyMySQLBackend(MySQLBackend):
             and state is TransactionState.UNKNOWN
             and connection.connection.dbapi_connection is driver
         ):
+            # The COMMIT follows (a before_commit listener's statement would turn this off).
+            driver.__class__ = _Ending
             return TransactionState.OPEN
         return state
 
     def before_rollback(self, connection: Connection) -> None:
-        """Stop watching (a failed handler's rollback)."""
-        driver = connection.connection.dbapi_connection
-        if driver.__class__ is _Watched:
-            driver.__class__ = PyMySQLConnection
+        """Stop watching; the rollback that follows is the inbox's (a duplicate's, a failed
+        handler's)."""
+        ending(connection.connection.dbapi_connection)

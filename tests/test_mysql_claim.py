@@ -7,11 +7,11 @@ just ended (inbox/_backends/mysql/_pymysql.py, ``_Ending`` / ``_Ended``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pymysql
 import pytest
+import test_mysql_watch
 from pymysql.connections import Connection as PyMySQLConnection
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import ProgrammingError
@@ -27,12 +27,9 @@ from inbox.testing.round_trips import RoundTripCounter
 
 IN_TRANS = pymysql.constants.SERVER_STATUS.SERVER_STATUS_IN_TRANS
 
-
-@pytest.fixture
-def engine(mariadb_db: Database) -> Iterator[Engine]:
-    made = create_engine(mariadb_db.url)
-    yield made
-    made.dispose()
+# test_mysql_watch's fixtures: an engine of the test's own, a PyMySQL connection of its own.
+engine = test_mysql_watch.engine
+driver = test_mysql_watch.driver
 
 
 def driver_claims(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -221,16 +218,6 @@ def test_a_message_costs_the_round_trips_of_a_plain_transaction(mariadb_db: Data
         ("8", "plain"): 1,
         ("9", "writer"): 1,
     }
-
-
-@pytest.fixture
-def driver(mariadb_db: Database) -> Iterator[Any]:
-    url = mariadb_db.engine.url
-    connection = pymysql.connect(
-        host=url.host, port=url.port or 3306, user=url.username, database=url.database
-    )
-    yield connection
-    connection.close()
 
 
 def sent(driver: Any, monkeypatch: pytest.MonkeyPatch) -> list[object]:

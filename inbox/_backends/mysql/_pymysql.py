@@ -28,6 +28,12 @@ that only looks at each command before sending it) from the claim to the check, 
 where the connection is exactly PyMySQL's ``Connection`` (a subclass of the application's
 keeps the slow path). It relies on three PyMySQL internals, listed in docs/architecture.md
 with their canaries: ``_execute_command(command, sql)``, ``_result`` and ``server_status``.
+
+The claim itself is sent on PyMySQL's connection (:mod:`inbox._backends.mysql._claim`). And
+the inbox's ``COMMIT`` (or a duplicate's or failed handler's ``ROLLBACK``) is watched the
+same way (:class:`_Ending`): when the server answers that no transaction is left open, the
+``ROLLBACK`` the pool sends as it takes the connection back is not sent (:class:`_Ended`),
+unless any other command came in between.
 """
 
 from __future__ import annotations

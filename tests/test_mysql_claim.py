@@ -15,9 +15,9 @@ import test_mysql_watch
 from pymysql.connections import Connection as PyMySQLConnection
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import ProgrammingError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, registry, sessionmaker
 from support.databases import Database
-from support.effects import order, record_effect
+from support.effects import effects, order, record_effect
 
 from inbox import HandlerFailed, Inbox, Message, Outcome
 from inbox._backends.mysql import _claim
@@ -257,6 +257,53 @@ def test_only_the_rollback_right_after_the_inbox_ended_it_is_not_sent(
         "ROLLBACK",
     ]
     assert not in_transaction(driver)
+
+
+def test_statements_before_the_end_do_not_matter_only_its_answer(
+    driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ending(driver)
+    with driver.cursor() as cursor:  # the session's flush, say
+        cursor.execute("INSERT INTO effects (ref, handler) VALUES ('f', 'flushed')")
+    seen = sent(driver, monkeypatch)
+    driver.commit()
+    driver.rollback()
+    assert seen == ["COMMIT"]
+    assert not in_transaction(driver)
+    with driver.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM effects WHERE handler = 'flushed'")
+        assert cursor.fetchone()[0] == 1
+
+
+class Effect:
+    """An ORM object on the effects table: written by the session's flush at the commit."""
+
+    def __init__(self, ref: str, handler: str) -> None:
+        self.ref, self.handler = ref, handler
+
+
+registry().map_imperatively(Effect, effects)
+
+
+def test_an_orm_handler_flushed_by_the_commit_saves_the_pools_rollback_too(
+    mariadb_db: Database,
+) -> None:
+    url = mariadb_db.engine.url
+    with RoundTripCounter(url.host or "127.0.0.1", url.port or 3306) as counter:
+        engine = create_engine(counter.url(mariadb_db.url))
+        inbox = Inbox(sessionmaker(engine))
+
+        @inbox.handler("order.created", name="orm")
+        def orm(message: Message, session: Session) -> None:
+            session.add(Effect(str(message.body["ref"]), "orm"))  # no flush: the commit's
+
+        inbox.process(order(11))  # connects
+        counter.reset()
+        assert inbox.process(order(12)).outcome is Outcome.PROCESSED
+        first = counter.count  # claim, the flush's INSERT, COMMIT
+        engine.dispose()
+    assert first == 3
+    assert mariadb_db.effect_counts() == {("11", "orm"): 1, ("12", "orm"): 1}
 
 
 def test_any_command_after_the_end_turns_the_skip_off(

@@ -110,14 +110,12 @@ def still_open(driver: Any) -> bool:
 
 
 class _Ending(PyMySQLConnection):  # type: ignore[misc]
-    """A PyMySQL connection whose next command is the inbox's ``COMMIT`` or ``ROLLBACK``:
-    if the server answers that no transaction is open, the ``ROLLBACK`` the pool sends as
-    the connection goes back to it is answered here, without a round trip. Any other
-    command first turns this off (back to PyMySQL's own class)."""
-
-    def _execute_command(self, command: int, sql: Any) -> Any:
-        self.__class__ = PyMySQLConnection
-        return PyMySQLConnection._execute_command(self, command, sql)
+    """A PyMySQL connection whose transaction the inbox is about to end (``COMMIT``, after
+    the session's flush, or ``ROLLBACK``): if the server answers that no transaction is
+    left open, the ``ROLLBACK`` the pool sends as the connection goes back to it is
+    answered here, without a round trip (:class:`_Ended`). Only that answer decides, so the
+    statements before it (the session's flush, a ``before_commit`` listener's) change
+    nothing; an error answer raises before it is looked at."""
 
     def commit(self) -> None:
         self.__class__ = PyMySQLConnection

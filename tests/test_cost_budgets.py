@@ -49,8 +49,11 @@ BUDGETS: dict[str, tuple[float, dict[str, int]]] = {
     "asyncpg/first": (1, {"2.0": 868, "2.1": 303}),
     "asyncpg/duplicate": (0, {"2.0": 613, "2.1": 44}),
     "asyncpg/batch": (0.02, {"2.0": 89, "2.1": 81}),
-    "mariadb/first": (1, {"2.0": 254, "2.1": 254}),
-    "mariadb/duplicate": (0, {"2.0": 62, "2.1": 58}),
+    # MariaDB + PyMySQL: the claim sent on the driver's connection (-97 calls on 2.1), and
+    # no pool ROLLBACK after the inbox's own COMMIT or ROLLBACK (the claim's round trip is
+    # still one of its own: the first delivery makes the plain transaction's 3).
+    "mariadb/first": (0, {"2.0": 121, "2.1": 121}),
+    "mariadb/duplicate": (-1, {"2.0": -58, "2.1": -62}),
 }
 
 

@@ -687,3 +687,47 @@ def test_pymysql_connection_has_the_command_hook_the_watch_overrides() -> None:
     assert _Watched.__mro__[1] is Connection
     assert "__slots__" not in vars(_Watched)
     assert "self._result = None" in inspect.getsource(Connection._read_query_result)
+
+
+def test_pymysql_escape_and_query_are_what_the_claim_on_the_driver_uses() -> None:
+    """inbox/_backends/mysql/_claim.py renders the claim with ``Connection.escape`` (the
+    function ``Cursor.execute`` escapes each parameter with; its docstring calls it internal)
+    and sends it with ``Connection.query`` (undocumented), which returns the affected rows;
+    ``_pymysql.py``'s ``_Ending`` / ``_Ended`` override ``commit()`` and ``rollback()``.
+    Were the cursor to escape another way, the claim would no longer be the statement the
+    cursor sends: this fails first. The behaviour against a server: tests/test_mysql_claim.py."""
+    import inspect
+
+    from pymysql.connections import Connection
+    from pymysql.cursors import Cursor
+
+    from inbox._backends.mysql._pymysql import _Ended, _Ending
+
+    assert list(inspect.signature(Connection.escape).parameters) == ["self", "obj", "mapping"]
+    assert "escape = self._get_db().escape" in inspect.getsource(Cursor._mogrify)
+    assert list(inspect.signature(Connection.query).parameters) == ["self", "sql", "unbuffered"]
+    query = inspect.getsource(Connection.query)
+    assert "self._affected_rows = self._read_query_result(" in query
+    assert "return self._affected_rows" in query
+    for method in (Connection.commit, Connection.rollback):
+        assert list(inspect.signature(method).parameters) == ["self"]
+    for swapped in (_Ending, _Ended):
+        assert swapped.__mro__[1] is Connection
+        assert "__slots__" not in vars(swapped)
+
+
+def test_sqlalchemy_handles_a_failed_statement_it_did_not_send() -> None:
+    """inbox/_backends/mysql/_claim.py hands an error of the claim it sent on PyMySQL's
+    connection to ``Connection._handle_dbapi_exception(e, statement, parameters, cursor,
+    context)``, with no cursor and no context, so that it is wrapped, ``handle_error``
+    listeners run and a lost connection is invalidated as through ``execute()``."""
+    import inspect
+
+    from sqlalchemy import Connection
+
+    parameters = list(inspect.signature(Connection._handle_dbapi_exception).parameters)
+    assert parameters[:6] == ["self", "e", "statement", "parameters", "cursor", "context"]
+    source = inspect.getsource(Connection._handle_dbapi_exception)
+    assert "and context is None" in source  # a DBAPI error with a statement is wrapped
+    assert "dispatch.handle_error" in source
+    assert "self.invalidate(e)" in source

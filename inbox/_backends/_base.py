@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.sql import ClauseElement
 
-__all__ = ["Backend", "ClaimRow", "Claimed", "TransactionState"]
+__all__ = ["Backend", "ClaimRow", "Claimed", "TransactionState", "statement_listeners"]
 
 
 _watched: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -172,6 +172,19 @@ class Backend:
     def release_locks(self, connection: Connection) -> None:
         """After a rollback, before reading the claim row again: release what outlives a
         ROLLBACK (nothing by default)."""
+
+
+def statement_listeners(connection: Connection) -> bool:
+    """Whether statement listeners (``before_`` / ``after_cursor_execute``) would see a
+    statement on ``connection`` (a claim sent on the driver's connection must then go their
+    way, through SQLAlchemy). ``_has_events`` is SQLAlchemy's own flag, set on a connection
+    or engine (or their class) as any connection event listener is added, and read by
+    SQLAlchemy before every statement: without it there is no listener to ask about (the
+    common case costs no call into the event system)."""
+    if not (connection._has_events or connection.engine._has_events):
+        return False
+    dispatch = connection.engine.dispatch
+    return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
 
 
 def _claim(

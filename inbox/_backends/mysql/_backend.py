@@ -1,5 +1,5 @@
 """MySQL and MariaDB: the claim and the claim-row read through SQLAlchemy; a deadlock
-remembered as it happens.
+remembered as it happens; the claim's duplicate told apart from other errors 1062.
 
 InnoDB rolls back the whole transaction (savepoints included) on a deadlock. A handler that
 catches that error and goes on would otherwise commit its later writes in a new implicit
@@ -17,11 +17,12 @@ from sqlalchemy.engine import ExceptionContext
 
 from inbox._backends._base import Backend, Claimed, TransactionState
 
-__all__ = ["MySQLBackend"]
+__all__ = ["MySQLBackend", "duplicate_primary_key"]
 
 # InnoDB rolls back the whole transaction (savepoints included) on a deadlock.
 _TRANSACTION_ABORTING: Final = frozenset({1213})
 _ABORTED_BY: Final = "inbox.transaction_aborted_by"
+_DUPLICATE_ENTRY: Final = 1062
 
 
 class MySQLBackend(Backend):
@@ -57,3 +58,14 @@ def _remember_transaction_abort(context: ExceptionContext) -> None:
         context.connection.info[_ABORTED_BY] = (
             context.sqlalchemy_exception or context.original_exception
         )
+
+
+def duplicate_primary_key(args: tuple[object, ...]) -> bool:
+    """Whether a driver error's ``args`` are error 1062 on the PRIMARY key (the claim's)."""
+    return (
+        len(args) >= 2
+        and args[0] == _DUPLICATE_ENTRY
+        and isinstance(args[-1], str)
+        # MariaDB says "for key 'PRIMARY'", MySQL 8 "for key '<table>.PRIMARY'".
+        and "PRIMARY'" in args[-1]
+    )

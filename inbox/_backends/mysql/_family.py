@@ -12,10 +12,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import TypeEngine
 
 from inbox._backends._family import ClaimStatements, ColumnKind, Family
+from inbox._backends.mysql._backend import duplicate_primary_key
 
 __all__ = ["MySQLFamily"]
 
-_DUPLICATE_ENTRY: Final = 1062
 # Record changed since last read (MariaDB snapshot isolation), lock wait timeout, deadlock.
 _TRANSIENT: Final = frozenset({1020, 1205, 1213})
 # Can't connect (2002, 2003), server gone or lost (2006, 2013), too many connections (1040),
@@ -77,14 +77,7 @@ class MySQLFamily(Family):
 
     def is_duplicate_key(self, exc: IntegrityError) -> bool:
         """Error 1062 on the PRIMARY key."""
-        args: tuple[object, ...] = getattr(exc.orig, "args", ())
-        return (
-            len(args) >= 2
-            and args[0] == _DUPLICATE_ENTRY
-            and isinstance(args[-1], str)
-            # MariaDB says "for key 'PRIMARY'", MySQL 8 "for key '<table>.PRIMARY'".
-            and "PRIMARY'" in args[-1]
-        )
+        return duplicate_primary_key(getattr(exc.orig, "args", ()))
 
     # PyMySQL's and asyncmy's (a handler's SET autocommit=1 shows there).
     autocommit_getter = "get_autocommit"

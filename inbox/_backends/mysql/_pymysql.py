@@ -28,6 +28,12 @@ that only looks at each command before sending it) from the claim to the check, 
 where the connection is exactly PyMySQL's ``Connection`` (a subclass of the application's
 keeps the slow path). It relies on three PyMySQL internals, listed in docs/architecture.md
 with their canaries: ``_execute_command(command, sql)``, ``_result`` and ``server_status``.
+
+The claim itself is sent on PyMySQL's connection (:mod:`inbox._backends.mysql._claim`). And
+the inbox's ``COMMIT`` (or a duplicate's or failed handler's ``ROLLBACK``) is watched the
+same way (:class:`_Ending`): when the server answers that no transaction is left open, the
+``ROLLBACK`` the pool sends as it takes the connection back is not sent (:class:`_Ended`),
+unless any other command came in between.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ from pymysql.connections import Connection as PyMySQLConnection
 from pymysql.constants import CLIENT, COMMAND, SERVER_STATUS
 from sqlalchemy import Connection
 
-from inbox._backends._base import Claimed, ClaimRow, TransactionState
+from inbox._backends._base import Claimed, ClaimRow, TransactionState, statement_listeners
 from inbox._backends._claims import Claims
-from inbox._backends.mysql._backend import MySQLBackend
+from inbox._backends.mysql._backend import _ABORTED_BY, MySQLBackend
+from inbox._backends.mysql._claim import DriverClaim
 
-__all__ = ["PyMySQLBackend", "still_open", "watch"]
+__all__ = ["PyMySQLBackend", "ending", "still_open", "watch"]
 
 _IN_TRANS: Final = SERVER_STATUS.SERVER_STATUS_IN_TRANS
 _NOT_PLAIN: Final = (
@@ -102,16 +109,70 @@ def still_open(driver: Any) -> bool:
     return bool(status & _IN_TRANS) and not status & _NOT_PLAIN and driver._result is not None
 
 
+class _Ending(PyMySQLConnection):  # type: ignore[misc]
+    """A PyMySQL connection whose transaction the inbox is about to end (``COMMIT``, after
+    the session's flush, or ``ROLLBACK``): if the server answers that no transaction is
+    left open, the ``ROLLBACK`` the pool sends as the connection goes back to it is
+    answered here, without a round trip (:class:`_Ended`). Only that answer decides, so the
+    statements before it (the session's flush, a ``before_commit`` listener's) change
+    nothing; an error answer raises before it is looked at."""
+
+    def commit(self) -> None:
+        self.__class__ = PyMySQLConnection
+        PyMySQLConnection.commit(self)
+        if not self.server_status & _IN_TRANS:
+            self.__class__ = _Ended
+
+    def rollback(self) -> None:
+        self.__class__ = PyMySQLConnection
+        PyMySQLConnection.rollback(self)
+        if not self.server_status & _IN_TRANS:
+            self.__class__ = _Ended
+
+
+class _Ended(PyMySQLConnection):  # type: ignore[misc]
+    """Right after the server said that the inbox's ``COMMIT`` or ``ROLLBACK`` left no
+    transaction open: a ``ROLLBACK`` now would change nothing on the server (no transaction,
+    so no lock, no write to undo), and is not sent. Any command turns this off."""
+
+    def _execute_command(self, command: int, sql: Any) -> Any:
+        self.__class__ = PyMySQLConnection
+        return PyMySQLConnection._execute_command(self, command, sql)
+
+    def rollback(self) -> None:
+        self.__class__ = PyMySQLConnection
+        if self.server_status & _IN_TRANS:
+            PyMySQLConnection.rollback(self)
+
+
+def ending(driver: Any) -> None:
+    """The inbox's next command on ``driver`` ends its transaction: watch its answer (see
+    :class:`_Ending`); only on exactly PyMySQL's class, or a watched one."""
+    if driver.__class__ is PyMySQLConnection or driver.__class__ is _Watched:
+        driver.__class__ = _Ending
+
+
 class PyMySQLBackend(MySQLBackend):
-    """PyMySQL: the claim through SQLAlchemy, then the transaction watched until the check,
-    which is then answered without reading the claim row."""
+    """PyMySQL: the claim on the driver's connection, then the transaction watched until the
+    check, which is then answered without reading the claim row; no ``ROLLBACK`` sent when
+    the pool takes the connection back after the inbox ended its transaction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._claim = DriverClaim()
 
     def begin_and_claim(self, connection: Connection, claims: Claims, row: ClaimRow) -> Claimed:
-        """The claim through SQLAlchemy; a won claim's connection watched from here on."""
-        self.before_claims(connection)
-        if not claims.claim(connection, *row):
-            return Claimed(False, marked=False, alone=False)
+        """The claim on PyMySQL's connection (through SQLAlchemy for a subclass of it, or
+        where statement listeners would see it); a won claim's connection watched from here
+        on."""
+        connection.info.pop(_ABORTED_BY, None)  # before_claims, written out
         driver = connection.connection.dbapi_connection
+        if driver.__class__ is PyMySQLConnection and not statement_listeners(connection):
+            won_it = self._claim.claim(connection, driver, claims.table, row)
+        else:
+            won_it = claims.claim(connection, *row)
+        if not won_it:
+            return Claimed(False, marked=False, alone=False)
         if watch(driver):
             return Claimed(True, marked=True, alone=False, handle=driver)
         return Claimed(True, marked=False, alone=False)
@@ -127,11 +188,12 @@ class PyMySQLBackend(MySQLBackend):
             and state is TransactionState.UNKNOWN
             and connection.connection.dbapi_connection is driver
         ):
+            # The COMMIT follows (a before_commit listener's statement would turn this off).
+            driver.__class__ = _Ending
             return TransactionState.OPEN
         return state
 
     def before_rollback(self, connection: Connection) -> None:
-        """Stop watching (a failed handler's rollback)."""
-        driver = connection.connection.dbapi_connection
-        if driver.__class__ is _Watched:
-            driver.__class__ = PyMySQLConnection
+        """Stop watching; the rollback that follows is the inbox's (a duplicate's, a failed
+        handler's)."""
+        ending(connection.connection.dbapi_connection)

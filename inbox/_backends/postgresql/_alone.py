@@ -67,7 +67,7 @@ def write_alone(
     options = connection.get_execution_options()
     if options.get(_OPTION) is False:
         return None
-    if connection._has_events or connection.engine._has_events:  # see _statement_listeners
+    if connection._has_events or connection.engine._has_events:  # see _base.statement_listeners
         dispatch = connection.engine.dispatch
         if dispatch.before_cursor_execute or dispatch.after_cursor_execute:
             return None

@@ -32,6 +32,7 @@ from sqlalchemy.dialects.postgresql.base import PGDialect
 
 from inbox._backends._autocommit import refuse_autocommit
 from inbox._backends._base import Backend, Claimed, ClaimRow, TransactionState
+from inbox._backends._base import statement_listeners as _statement_listeners
 from inbox._backends._claims import Claims, translation_key, won
 from inbox._backends._waits import drive, drive_async
 from inbox._backends.postgresql._alone import write_alone
@@ -303,18 +304,6 @@ _STATEMENT_EXISTS: Final = b"42P05"
 def _sqlstate(result: Any) -> bytes | None:
     sqlstate: bytes | None = result.error_field(ord("C"))  # PG_DIAG_SQLSTATE
     return sqlstate
-
-
-def _statement_listeners(connection: Connection) -> bool:
-    """Whether statement listeners (``before_`` / ``after_cursor_execute``) would see a
-    statement on ``connection``. ``_has_events`` is SQLAlchemy's own flag, set on a
-    connection or engine (or their class) as any connection event listener is added, and
-    read by SQLAlchemy before every statement: without it there is no listener to ask about
-    (the common case costs no call into the event system)."""
-    if not (connection._has_events or connection.engine._has_events):
-        return False
-    dispatch = connection.engine.dispatch
-    return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
 
 
 def _begin_statement(isolation: Any, read_only: bool | None, deferrable: bool | None) -> bytes:
